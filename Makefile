@@ -1,0 +1,39 @@
+# One entry point for people and CI. Every target installs what it needs first, so the
+# README's commands work on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo up test lint bench install browser
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[tf,hub,kubernetes,dev]'
+	# Optuna's GP sampler runs on PyTorch: the CPU build (a plain `torch` would pull CUDA).
+	$(BIN)/pip install -q 'torch==2.13.0' 'scipy>=1.11'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Debian's chromium for the browser tests (Playwright drives it; no browser download).
+browser:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+demo: $(STAMP)
+	$(BIN)/tunehub demo
+
+up: $(STAMP)
+	$(BIN)/tunehub up
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) browser
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
