@@ -1,0 +1,135 @@
+"""SQLAlchemy models: sweeps, trials, their reports, and model versions.
+
+Table names carry a ``tunehub_`` prefix because Optuna's RDBStorage keeps its study in the same
+database with its own ``studies``/``trials`` tables.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+# Sweep states: queued -> running -> completed | failed | cancelled. "cancelling" asks a
+# running controller (maybe in another process) to stop.
+SWEEP_ACTIVE = ("queued", "running", "cancelling")
+# Trial states: pending (waiting for resources) -> running -> completed | pruned | failed |
+# cancelled. A failed attempt with retries left goes back to pending.
+TRIAL_FINISHED = ("completed", "pruned", "failed", "cancelled")
+
+
+class Sweep(Base):
+    __tablename__ = "tunehub_sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    backend: Mapped[str] = mapped_column(String(32), default="local")
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    study_name: Mapped[str] = mapped_column(String(128), unique=True)
+    code_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # The controller that owns the sweep: host + pid + heartbeat, so a resume can tell a live
+    # controller from a dead one.
+    controller_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    controller_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    best_trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    best_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    model_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Counters kept by the controller so listing a 10,000-trial sweep needs no scan.
+    n_started: Mapped[int] = mapped_column(Integer, default=0)
+    n_completed: Mapped[int] = mapped_column(Integer, default=0)
+    n_pruned: Mapped[int] = mapped_column(Integer, default=0)
+    n_failed: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Trial(Base):
+    __tablename__ = "tunehub_trials"
+    __table_args__ = (
+        UniqueConstraint("sweep_id", "number", name="uq_tunehub_trial_number"),
+        Index("ix_tunehub_trials_sweep_state", "sweep_id", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("tunehub_sweeps.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    optuna_trial_id: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    workdir: Mapped[str] = mapped_column(Text)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    artifact_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    has_model: Mapped[bool] = mapped_column(default=False)
+    token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class TrialReport(Base):
+    """One intermediate value (``tuner.report(value, step)``); append-only, O(1) per report."""
+
+    __tablename__ = "tunehub_trial_reports"
+    __table_args__ = (UniqueConstraint("trial_id", "step", name="uq_tunehub_report_step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("tunehub_trials.id", ondelete="CASCADE"), index=True
+    )
+    step: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class ModelVersion(Base):
+    """A registered model version, with the lineage needed to reproduce it."""
+
+    __tablename__ = "tunehub_model_versions"
+    __table_args__ = (UniqueConstraint("model", "version", name="uq_tunehub_model_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(64), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    stage: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    path: Mapped[str] = mapped_column(Text)
+    metric: Mapped[str] = mapped_column(String(128))
+    direction: Mapped[str] = mapped_column(String(16))
+    metric_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    sweep_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    code_location: Mapped[str | None] = mapped_column(Text, nullable=True)
+    data_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    promoted_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)

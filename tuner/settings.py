@@ -1,0 +1,46 @@
+"""Where tunehub keeps its state, read from the environment.
+
+One place reads ``TUNEHUB_*`` variables so the CLI, the tuner service, trials and the hub agree on
+paths. Nothing here creates files; callers ask for a directory with :func:`ensure_dirs`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    db_url: str
+    data: Path
+    registry: Path
+
+    @property
+    def sweeps_dir(self) -> Path:
+        """Per-sweep state: code snapshot, trial working directories, logs, artifacts."""
+        return self.home / "sweeps"
+
+    @property
+    def gpu_locks_dir(self) -> Path:
+        """Lock files that keep two trials (even from two processes) off one GPU."""
+        return self.home / "gpu-locks"
+
+    def ensure_dirs(self) -> Settings:
+        for path in (self.home, self.data, self.registry, self.sweeps_dir, self.gpu_locks_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+def load_settings(environ: dict[str, str] | None = None) -> Settings:
+    """Read settings: ``TUNEHUB_HOME`` (default ``~/.tunehub``), ``TUNEHUB_DB_URL`` (default a
+    SQLite file in the home), ``TUNEHUB_DATA`` (default ``$TUNEHUB_HOME/data``) and
+    ``TUNEHUB_REGISTRY`` (default ``$TUNEHUB_DATA/models``, so serving reads the data store)."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("TUNEHUB_HOME") or Path.home() / ".tunehub").expanduser().resolve()
+    db_url = env.get("TUNEHUB_DB_URL") or f"sqlite:///{home / 'tunehub.sqlite'}"
+    data = Path(env.get("TUNEHUB_DATA") or home / "data").expanduser().resolve()
+    registry = Path(env.get("TUNEHUB_REGISTRY") or data / "models").expanduser().resolve()
+    return Settings(home=home, db_url=db_url, data=data, registry=registry)

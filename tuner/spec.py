@@ -1,0 +1,517 @@
+"""Sweep specifications: the YAML file and the Python API share this one validator.
+
+Everything a sweep needs is checked here, before anything runs, so a typo costs the user one
+line of error (``space.lr.low: must be below high (got 0.1 >= 0.01)``) instead of a sweep of
+failed trials. The parsed spec is plain data; :meth:`SweepSpec.to_dict` round-trips it so the
+stored copy of a sweep is exactly what was validated.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from tuner.errors import TunehubError
+
+SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
+PRUNERS = ("none", "median", "hyperband", "asha")
+DIRECTIONS = ("maximize", "minimize")
+POLICIES = ("if-better", "always", "never")
+PRIORITIES = ("low", "normal", "high")
+
+# Options a user may pass to each pruner (``pruner: {type: hyperband, max_resource: 30}``),
+# forwarded to Optuna's constructor; anything else is a typo we can name.
+PRUNER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "median": ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials"),
+    "hyperband": ("min_resource", "max_resource", "reduction_factor", "bootstrap_count"),
+    "asha": ("min_resource", "reduction_factor", "min_early_stopping_rate", "bootstrap_count"),
+}
+
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
+_QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+class SpecError(TunehubError, ValueError):
+    """A spec field is wrong. ``str()`` is the one-line message users see."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+@dataclass(frozen=True)
+class FloatParam:
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+    type: Literal["float"] = "float"
+
+
+@dataclass(frozen=True)
+class IntParam:
+    low: int
+    high: int
+    log: bool = False
+    step: int = 1
+    type: Literal["int"] = "int"
+
+
+@dataclass(frozen=True)
+class CategoricalParam:
+    choices: tuple[Any, ...]
+    type: Literal["categorical"] = "categorical"
+
+
+Param = FloatParam | IntParam | CategoricalParam
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: float = 1.0
+    memory: str = "2Gi"
+    gpu: int = 0
+    gpu_type: str | None = None
+    workers: int = 1
+
+
+@dataclass(frozen=True)
+class Promote:
+    model: str
+    policy: str = "if-better"
+
+
+@dataclass(frozen=True)
+class PrunerSpec:
+    type: str = "none"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    command: str
+    metric: str
+    space: Mapping[str, Param]
+    direction: str = "maximize"
+    trials: int = 20
+    parallelism: int = 1
+    sampler: str = "tpe"
+    pruner: PrunerSpec = field(default_factory=PrunerSpec)
+    resources: Resources = field(default_factory=Resources)
+    max_retries: int = 0
+    trial_timeout: float | None = None
+    promote: Promote | None = None
+    priority: str = "normal"
+    seed: int | None = None
+    code: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Any, base_dir: str | Path | None = None) -> SweepSpec:
+        """Validate a mapping (parsed YAML or Python keyword arguments) into a spec.
+
+        ``base_dir`` is where a relative ``code`` path is resolved, and the default code
+        directory: the directory holding the spec file.
+        """
+        return _parse(data, Path(base_dir) if base_dir is not None else None)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SweepSpec:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise SpecError("spec", f"cannot read {path}: {exc.strerror}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise SpecError("spec", f"{path} is not valid YAML{where}") from None
+        return cls.from_dict(data, base_dir=path.resolve().parent)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical, JSON-able form; ``from_dict(to_dict())`` gives the same spec."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "command": self.command,
+            "metric": self.metric,
+            "direction": self.direction,
+            "trials": self.trials,
+            "parallelism": self.parallelism,
+            "sampler": self.sampler,
+            "pruner": {"type": self.pruner.type, **dict(self.pruner.options)},
+            "space": {name: _param_to_dict(p) for name, p in self.space.items()},
+            "resources": {
+                "cpu": self.resources.cpu,
+                "memory": self.resources.memory,
+                "gpu": self.resources.gpu,
+                "gpu_type": self.resources.gpu_type,
+                "workers": self.resources.workers,
+            },
+            "max_retries": self.max_retries,
+            "trial_timeout": self.trial_timeout,
+            "promote": (
+                {"model": self.promote.model, "policy": self.promote.policy}
+                if self.promote
+                else None
+            ),
+            "priority": self.priority,
+            "seed": self.seed,
+            "code": self.code,
+            "env": dict(self.env),
+        }
+        return out
+
+    def distributions(self) -> dict[str, Any]:
+        """Optuna distributions for ``study.ask(fixed_distributions=...)``."""
+        from optuna.distributions import (
+            CategoricalDistribution,
+            FloatDistribution,
+            IntDistribution,
+        )
+
+        dists: dict[str, Any] = {}
+        for name, p in self.space.items():
+            if isinstance(p, FloatParam):
+                dists[name] = FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+            elif isinstance(p, IntParam):
+                dists[name] = IntDistribution(p.low, p.high, log=p.log, step=p.step)
+            else:
+                dists[name] = CategoricalDistribution(list(p.choices))
+        return dists
+
+    def grid(self) -> dict[str, list[Any]]:
+        """Every value of every parameter, for the grid sampler (all parameters discrete)."""
+        grid: dict[str, list[Any]] = {}
+        for name, p in self.space.items():
+            if isinstance(p, CategoricalParam):
+                grid[name] = list(p.choices)
+            elif isinstance(p, IntParam):
+                grid[name] = list(range(p.low, p.high + 1, p.step))
+            else:
+                assert p.step is not None
+                n = int(math.floor((p.high - p.low) / p.step + 1e-9))
+                grid[name] = [round(p.low + i * p.step, 12) for i in range(n + 1)]
+        return grid
+
+
+def parse_duration(value: Any, field_name: str = "trial_timeout") -> float | None:
+    """``90``, ``"90s"``, ``"30m"``, ``"1h30m"`` -> seconds; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise SpecError(field_name, f"expected a duration like 30m, 90s or 2h, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip()
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        else:
+            m = _DURATION_RE.fullmatch(text)
+            if not m or not any(m.groups()):
+                raise SpecError(
+                    field_name, f"expected a duration like 30m, 90s or 2h, got {value!r}"
+                )
+            h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+            seconds = h * 3600 + mi * 60 + s
+    else:
+        raise SpecError(field_name, f"expected a duration like 30m, 90s or 2h, got {value!r}")
+    if seconds <= 0:
+        raise SpecError(field_name, f"must be positive, got {value!r}")
+    return seconds
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+_TOP_FIELDS = {
+    "name", "command", "metric", "direction", "trials", "parallelism", "sampler", "pruner",
+    "space", "resources", "max_retries", "trial_timeout", "promote", "priority", "seed",
+    "code", "env",
+}
+_REQUIRED = ("name", "command", "metric", "space")
+
+
+def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
+    if not isinstance(data, Mapping):
+        raise SpecError("spec", f"expected a mapping of fields, got {type(data).__name__}")
+    _no_unknown(data, _TOP_FIELDS, prefix="")
+    for key in _REQUIRED:
+        if data.get(key) in (None, "", {}, []):
+            raise SpecError(key, "is required")
+
+    name = data["name"]
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise SpecError(
+            "name",
+            "expected lowercase letters, digits and '-', starting and ending with a letter "
+            f"or digit, at most 48 characters, got {name!r}",
+        )
+    command = data["command"]
+    if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
+        import shlex
+
+        command = shlex.join(command)
+    if not isinstance(command, str) or not command.strip():
+        raise SpecError("command", f"expected a command line, got {command!r}")
+    metric = _str(data, "metric")
+    direction = _choice(data, "direction", DIRECTIONS, "maximize")
+    trials = _int(data, "trials", 20, minimum=1)
+    parallelism = _int(data, "parallelism", 1, minimum=1)
+    sampler = _choice(data, "sampler", SAMPLERS, "tpe")
+    pruner = _pruner(data.get("pruner"))
+    space = _space(data["space"])
+    if sampler == "grid":
+        for pname, p in space.items():
+            if isinstance(p, FloatParam) and p.step is None:
+                raise SpecError(
+                    f"space.{pname}",
+                    "the grid sampler needs discrete parameters: give this float a step, "
+                    "or use int or categorical",
+                )
+    resources = _resources(data.get("resources"))
+    max_retries = _int(data, "max_retries", 0, minimum=0)
+    trial_timeout = parse_duration(data.get("trial_timeout"))
+    promote = _promote(data.get("promote"))
+    priority = _choice(data, "priority", PRIORITIES, "normal")
+    seed = data.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise SpecError("seed", f"expected an integer, got {seed!r}")
+    code = data.get("code")
+    if code is not None and not isinstance(code, str):
+        raise SpecError("code", f"expected a directory path, got {code!r}")
+    if code is not None and base_dir is not None and not Path(code).is_absolute():
+        code = str((base_dir / code).resolve())
+    elif code is None and base_dir is not None:
+        code = str(base_dir)
+    env = data.get("env") or {}
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str | int | float) for k, v in env.items()
+    ):
+        raise SpecError("env", "expected a mapping of variable names to strings")
+    return SweepSpec(
+        name=name,
+        command=command,
+        metric=metric,
+        space=space,
+        direction=direction,
+        trials=trials,
+        parallelism=parallelism,
+        sampler=sampler,
+        pruner=pruner,
+        resources=resources,
+        max_retries=max_retries,
+        trial_timeout=trial_timeout,
+        promote=promote,
+        priority=priority,
+        seed=seed,
+        code=code,
+        env={k: str(v) for k, v in env.items()},
+    )
+
+
+def _no_unknown(data: Mapping[str, Any], allowed: set[str], prefix: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise SpecError(
+                f"{prefix}{key}", f"unknown field; expected one of {', '.join(sorted(allowed))}"
+            )
+
+
+def _str(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(key, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _choice(data: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    value = data.get(key, default)
+    if value is None:
+        value = default
+    if value not in choices:
+        raise SpecError(key, f"expected one of {' | '.join(choices)}, got {value!r}")
+    return value
+
+
+def _int(
+    data: Mapping[str, Any], key: str, default: int, minimum: int, prefix: str = ""
+) -> int:
+    value = data.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpecError(prefix + key, f"expected an integer, got {value!r}")
+    if value < minimum:
+        raise SpecError(prefix + key, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _number(value: Any, field_name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SpecError(field_name, f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _space(raw: Any) -> dict[str, Param]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise SpecError("space", "expected a non-empty mapping of parameter names to ranges")
+    space: dict[str, Param] = {}
+    for pname, pdef in raw.items():
+        where = f"space.{pname}"
+        if not isinstance(pname, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", pname):
+            raise SpecError(where, "parameter names are letters, digits, '_', '.' and '-'")
+        if not isinstance(pdef, Mapping):
+            raise SpecError(where, "expected a mapping with a type (float | int | categorical)")
+        ptype = pdef.get("type")
+        if ptype == "float":
+            space[pname] = _float_param(pdef, where)
+        elif ptype == "int":
+            space[pname] = _int_param(pdef, where)
+        elif ptype == "categorical":
+            _no_unknown(pdef, {"type", "choices"}, prefix=f"{where}.")
+            choices = pdef.get("choices")
+            if not isinstance(choices, list) or not choices:
+                raise SpecError(f"{where}.choices", "expected a non-empty list")
+            for c in choices:
+                if not (c is None or isinstance(c, str | int | float | bool)):
+                    raise SpecError(f"{where}.choices", f"choices must be scalars, got {c!r}")
+            if len(set(map(repr, choices))) != len(choices):
+                raise SpecError(f"{where}.choices", "choices must be distinct")
+            space[pname] = CategoricalParam(choices=tuple(choices))
+        else:
+            raise SpecError(f"{where}.type", f"expected float | int | categorical, got {ptype!r}")
+    return space
+
+
+def _range(pdef: Mapping[str, Any], where: str, cast: type) -> tuple[Any, Any, bool]:
+    for key in ("low", "high"):
+        if key not in pdef:
+            raise SpecError(f"{where}.{key}", "is required")
+    low = _number(pdef["low"], f"{where}.low")
+    high = _number(pdef["high"], f"{where}.high")
+    if cast is int:
+        for key, v in (("low", pdef["low"]), ("high", pdef["high"])):
+            if not isinstance(v, int):
+                raise SpecError(f"{where}.{key}", f"expected an integer, got {v!r}")
+    if low >= high:
+        raise SpecError(f"{where}.low", f"must be below high (got low={low:g}, high={high:g})")
+    log = pdef.get("log", False)
+    if not isinstance(log, bool):
+        raise SpecError(f"{where}.log", f"expected true or false, got {log!r}")
+    if log and low <= 0:
+        raise SpecError(f"{where}.low", f"a log scale needs low > 0, got {low:g}")
+    return cast(pdef["low"]), cast(pdef["high"]), log
+
+
+def _float_param(pdef: Mapping[str, Any], where: str) -> FloatParam:
+    _no_unknown(pdef, {"type", "low", "high", "log", "step"}, prefix=f"{where}.")
+    low, high, log = _range(pdef, where, float)
+    step = pdef.get("step")
+    if step is not None:
+        step = _number(step, f"{where}.step")
+        if step <= 0:
+            raise SpecError(f"{where}.step", f"must be positive, got {step:g}")
+        if log:
+            raise SpecError(f"{where}.step", "cannot be combined with log: true")
+        if step > high - low:
+            raise SpecError(f"{where}.step", f"is larger than high - low ({high - low:g})")
+    return FloatParam(low=low, high=high, log=log, step=step)
+
+
+def _int_param(pdef: Mapping[str, Any], where: str) -> IntParam:
+    _no_unknown(pdef, {"type", "low", "high", "log", "step"}, prefix=f"{where}.")
+    low, high, log = _range(pdef, where, int)
+    step = pdef.get("step", 1)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise SpecError(f"{where}.step", f"expected a positive integer, got {step!r}")
+    if log and step != 1:
+        raise SpecError(f"{where}.step", "cannot be combined with log: true")
+    return IntParam(low=low, high=high, log=log, step=step)
+
+
+def _param_to_dict(p: Param) -> dict[str, Any]:
+    if isinstance(p, CategoricalParam):
+        return {"type": "categorical", "choices": list(p.choices)}
+    out: dict[str, Any] = {"type": p.type, "low": p.low, "high": p.high, "log": p.log}
+    if isinstance(p, IntParam) and p.step != 1 or isinstance(p, FloatParam) and p.step:
+        out["step"] = p.step
+    return out
+
+
+def _pruner(raw: Any) -> PrunerSpec:
+    if raw is None:
+        return PrunerSpec()
+    if isinstance(raw, str):
+        raw = {"type": raw}
+    if not isinstance(raw, Mapping):
+        raise SpecError("pruner", f"expected {' | '.join(PRUNERS)} or a mapping with a type")
+    ptype = raw.get("type", "none")
+    if ptype not in PRUNERS:
+        raise SpecError("pruner", f"expected one of {' | '.join(PRUNERS)}, got {ptype!r}")
+    options = {k: v for k, v in raw.items() if k != "type"}
+    allowed = PRUNER_OPTIONS[ptype]
+    for key, value in options.items():
+        if key not in allowed:
+            hint = ", ".join(allowed) or "no options"
+            raise SpecError(f"pruner.{key}", f"unknown option for {ptype}; expected {hint}")
+        if key == "max_resource" and value == "auto":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise SpecError(f"pruner.{key}", f"expected a non-negative number, got {value!r}")
+    return PrunerSpec(type=ptype, options=options)
+
+
+def _resources(raw: Any) -> Resources:
+    if raw is None:
+        return Resources()
+    if not isinstance(raw, Mapping):
+        raise SpecError("resources", "expected a mapping (cpu, memory, gpu, gpu_type, workers)")
+    _no_unknown(raw, {"cpu", "memory", "gpu", "gpu_type", "workers"}, prefix="resources.")
+    cpu = _number(raw.get("cpu", 1), "resources.cpu")
+    if cpu <= 0:
+        raise SpecError("resources.cpu", f"must be positive, got {cpu:g}")
+    memory = str(raw.get("memory", "2Gi"))
+    if not _QUANTITY_RE.match(memory):
+        raise SpecError(
+            "resources.memory", f"expected a Kubernetes quantity like 512Mi or 2Gi, got {memory!r}"
+        )
+    gpu = _int(raw, "gpu", 0, minimum=0, prefix="resources.")
+    gpu_type = raw.get("gpu_type")
+    if gpu_type is not None and (not isinstance(gpu_type, str) or not gpu_type):
+        raise SpecError("resources.gpu_type", f"expected a GPU type name, got {gpu_type!r}")
+    if gpu_type is not None and gpu == 0:
+        raise SpecError("resources.gpu_type", "is set but resources.gpu is 0")
+    workers = raw.get("workers", 1)
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise SpecError("resources.workers", f"expected an integer of at least 1, got {workers!r}")
+    return Resources(cpu=cpu, memory=memory, gpu=gpu, gpu_type=gpu_type, workers=workers)
+
+
+def _promote(raw: Any) -> Promote | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise SpecError("promote", "expected a mapping with model and policy")
+    _no_unknown(raw, {"model", "policy"}, prefix="promote.")
+    model = raw.get("model")
+    if not isinstance(model, str) or not _NAME_RE.match(model):
+        raise SpecError(
+            "promote.model",
+            f"expected a model name of lowercase letters, digits and '-', got {model!r}",
+        )
+    policy = raw.get("policy", "if-better")
+    if policy not in POLICIES:
+        raise SpecError("promote.policy", f"expected one of {' | '.join(POLICIES)}, got {policy!r}")
+    return Promote(model=model, policy=policy)

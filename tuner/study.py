@@ -1,0 +1,101 @@
+"""Optuna studies for sweeps: samplers, pruners and the shared RDB storage.
+
+The study lives in tunehub's own database through Optuna's RDBStorage, so one backup holds both
+and a resumed sweep finds every result it had.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import optuna
+from optuna.pruners import BasePruner
+from optuna.samplers import BaseSampler
+from optuna.storages import RDBStorage
+
+from tuner.db.engine import engine_kwargs
+from tuner.spec import SpecError, SweepSpec
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def check_sampler_available(spec: SweepSpec) -> None:
+    """Optuna's GP sampler runs on PyTorch; say so at submission rather than mid-sweep."""
+    if spec.sampler == "gp" and importlib.util.find_spec("torch") is None:
+        raise SpecError("sampler", "gp needs PyTorch: pip install 'tunehub[gp]'")
+
+
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler without its ``study.stop()`` (only legal inside
+    ``study.optimize``); the controller stops at ``trials``, which submission caps at the grid
+    size."""
+
+    def after_trial(self, study, trial, state, values) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+
+def check_grid_size(spec: SweepSpec) -> None:
+    if spec.sampler != "grid":
+        return
+    size = 1
+    for values in spec.grid().values():
+        size *= len(values)
+    if spec.trials > size:
+        raise SpecError("trials", f"the grid has {size} points; set trials to at most {size}")
+
+
+def make_sampler(spec: SweepSpec) -> BaseSampler:
+    seed = spec.seed
+    if spec.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if spec.sampler == "grid":
+        return GridSampler(spec.grid(), seed=seed)
+    if spec.sampler == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    if spec.sampler == "gp":
+        check_sampler_available(spec)
+        return optuna.samplers.GPSampler(seed=seed)
+    # With several trials in flight, TPE's constant liar keeps it from proposing the same
+    # point to every free slot.
+    return optuna.samplers.TPESampler(
+        seed=seed, constant_liar=spec.parallelism > 1, multivariate=True
+    )
+
+
+def make_pruner(spec: SweepSpec) -> BasePruner:
+    opts = dict(spec.pruner.options)
+    kind = spec.pruner.type
+    if kind == "median":
+        return optuna.pruners.MedianPruner(**opts)
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(**opts)
+    if kind == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(**opts)
+    return optuna.pruners.NopPruner()
+
+
+@functools.lru_cache(maxsize=8)
+def storage_for(url: str) -> RDBStorage:
+    """One RDBStorage per database URL per process (it owns a connection pool)."""
+    return RDBStorage(url, engine_kwargs=engine_kwargs(url))
+
+
+def create_study(spec: SweepSpec, study_name: str, url: str) -> optuna.Study:
+    return optuna.create_study(
+        study_name=study_name,
+        storage=storage_for(url),
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec),
+        direction=spec.direction,
+        load_if_exists=True,
+    )
+
+
+def load_study(spec: SweepSpec, study_name: str, url: str) -> optuna.Study:
+    return optuna.load_study(
+        study_name=study_name,
+        storage=storage_for(url),
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec),
+    )
