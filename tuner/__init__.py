@@ -1,0 +1,41 @@
+"""tunehub's tuner: sweeps of training trials over a shared pool, and what trials import.
+
+In training code::
+
+    import tuner
+    p = tuner.params({"lr": 1e-3})
+    ...
+    tuner.report(val_accuracy, step=epoch)   # raises tuner.Pruned when pruned
+    tuner.save_model(model)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.trial import Pruned, artifact_dir, data_dir, in_trial, params, report, save_model
+
+__all__ = [
+    "Pruned",
+    "Sweep",
+    "artifact_dir",
+    "data_dir",
+    "in_trial",
+    "keras",
+    "params",
+    "report",
+    "save_model",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Heavy parts load on first use so a trial that only reports starts fast.
+    if name == "keras":
+        import tuner.keras as module
+
+        return module
+    if name == "Sweep":
+        from tuner.client import Sweep
+
+        return Sweep
+    raise AttributeError(f"module 'tuner' has no attribute {name!r}")

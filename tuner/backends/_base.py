@@ -1,0 +1,109 @@
+"""The execution backend interface: how a trial attempt becomes a running process somewhere.
+
+Backends are event-driven: the controller calls :meth:`Backend.launch` and the backend later
+reports what happened through the ``on_event`` callback it was started with. The controller
+never polls trials, so its cost per trial stays constant however many trials are running.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tuner.spec import Resources, SweepSpec
+
+EventKind = Literal["started", "succeeded", "failed"]
+
+
+@dataclass(frozen=True)
+class TrialLaunch:
+    """Everything a backend needs to run one attempt of one trial."""
+
+    sweep_id: int
+    trial_id: int
+    number: int
+    attempt: int
+    command: str
+    workdir: Path
+    env: dict[str, str]
+    resources: Resources
+    timeout: float | None
+    log_path: Path
+    priority: str = "normal"
+    owner: str = ""
+    sweep_name: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.trial_id, self.attempt)
+
+
+@dataclass(frozen=True)
+class TrialEvent:
+    """A state change of one attempt. ``reason`` is for people: shown on the trial."""
+
+    trial_id: int
+    attempt: int
+    kind: EventKind
+    exit_code: int | None = None
+    reason: str = ""
+
+
+OnEvent = Callable[[TrialEvent], Awaitable[None] | None]
+
+
+class Backend(abc.ABC):
+    """Runs trial attempts. One instance may serve several sweeps at once."""
+
+    name: str = "base"
+
+    def __init__(self) -> None:
+        self._listeners: list[OnEvent] = []
+
+    def subscribe(self, on_event: OnEvent) -> None:
+        """Register a callback for every :class:`TrialEvent` this backend emits."""
+        self._listeners.append(on_event)
+
+    def unsubscribe(self, on_event: OnEvent) -> None:
+        if on_event in self._listeners:
+            self._listeners.remove(on_event)
+
+    async def emit(self, event: TrialEvent) -> None:
+        for listener in list(self._listeners):
+            result = listener(event)
+            if result is not None:
+                await result
+
+    def check(self, spec: SweepSpec) -> None:
+        """Raise :class:`tuner.spec.SpecError` when this backend can never run ``spec``'s
+        trials (more GPUs than exist, unknown GPU type): refuse at submission, not later."""
+
+    def can_launch(self, resources: Resources) -> bool:
+        """Whether an attempt with ``resources`` could start right now (free GPUs)."""
+        return True
+
+    async def start(self) -> None:
+        """Connect, start watches. Called once before the first launch."""
+
+    @abc.abstractmethod
+    async def launch(self, launch: TrialLaunch) -> None:
+        """Start the attempt; return once it is submitted. Outcome arrives as events."""
+
+    @abc.abstractmethod
+    async def cancel(self, trial_id: int, attempt: int) -> None:
+        """Stop the attempt if it runs; a ``failed`` event follows."""
+
+    async def reconcile(self, sweep_id: int, running: list[TrialLaunch]) -> set[tuple[int, int]]:
+        """After a controller restart: which of ``running`` (trial_id, attempt) still run and
+        are adopted (their events will arrive as usual). The rest are gone."""
+        return set()
+
+    async def cleanup(self, sweep_id: int) -> None:
+        """Remove whatever the backend keeps for a finished sweep."""
+
+    async def close(self) -> None:
+        """Stop watches and release resources (running attempts are left to reconcile)."""

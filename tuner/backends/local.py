@@ -1,0 +1,247 @@
+"""Trials as local processes: the embedded default.
+
+Each attempt runs in its own working directory with its own log file, in its own process group
+(so a timeout or cancel kills everything it started), and dies with the controller
+(``PR_SET_PDEATHSIG``) so a killed controller never leaves trials reporting into the void.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from tuner.backends._base import Backend, TrialEvent, TrialLaunch
+from tuner.backends.gpus import GpuPool, discover_gpus
+from tuner.backends.warm import Zygote, preload_for
+from tuner.backends.zygote import warm_argv
+from tuner.spec import Resources, SpecError, SweepSpec
+
+_SHELL_CHARS = set(";&|<>$`(){}*?~\n")
+_PR_SET_PDEATHSIG = 1
+KILL_GRACE_SECONDS = 5.0
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGKILL me when my parent dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def command_argv(command: str) -> list[str]:
+    """Run simple commands directly (so PDEATHSIG reaches the real process); anything with
+    shell syntax goes through ``sh -c``."""
+    if any(ch in _SHELL_CHARS for ch in command):
+        return ["/bin/sh", "-c", command]
+    return shlex.split(command)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+class _Attempt:
+    def __init__(
+        self, launch: TrialLaunch, pid: int, done: asyncio.Future[int], gpus: list[str]
+    ) -> None:
+        self.launch = launch
+        self.pid = pid
+        self.done = done  # the exit code: negative for a signal
+        self.gpus = gpus
+        self.stop_reason: str | None = None
+
+
+class LocalBackend(Backend):
+    """Runs attempts as processes of this machine.
+
+    ``python script.py`` / ``python -m module`` trials start warm by default: forked from a
+    process that already imported TensorFlow (see :mod:`tuner.backends.zygote`). Set
+    ``TUNEHUB_WARM_START=0`` for a cold process per trial.
+    """
+
+    name = "local"
+
+    def __init__(
+        self, gpu_lock_dir: Path, gpu_ids: list[str] | None = None, warm: bool | None = None
+    ) -> None:
+        super().__init__()
+        if gpu_ids is None:
+            gpu_ids, self.gpu_source = discover_gpus()
+        else:
+            self.gpu_source = f"{len(gpu_ids)} configured"
+        self.gpus = GpuPool(gpu_lock_dir, gpu_ids)
+        if warm is None:
+            warm = os.environ.get("TUNEHUB_WARM_START", "1") not in ("0", "false", "no")
+        self.warm = warm
+        self._zygotes: dict[tuple[str, ...], Zygote] = {}
+        self._attempts: dict[tuple[int, int], _Attempt] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def check(self, spec: SweepSpec) -> None:
+        res = spec.resources
+        if res.gpu > self.gpus.total:
+            raise SpecError(
+                "resources.gpu",
+                f"{res.gpu} GPU(s) per trial requested but this machine offers "
+                f"{self.gpus.total} ({self.gpu_source}); trials are not run on the CPU "
+                "instead. Set gpu: 0 to train on the CPU.",
+            )
+        if res.gpu_type is not None:
+            raise SpecError(
+                "resources.gpu_type",
+                "the local backend cannot choose GPU types; remove it or use the "
+                "kubernetes backend",
+            )
+        if res.workers > 1:
+            raise SpecError(
+                "resources.workers", "multi-worker trials need the kubernetes backend"
+            )
+
+    def can_launch(self, resources: Resources) -> bool:
+        gpus = self.gpus.acquire(resources.gpu)
+        if gpus is None:
+            return False
+        self.gpus.release(gpus)
+        return True
+
+    async def launch(self, launch: TrialLaunch) -> None:
+        gpus = self.gpus.acquire(launch.resources.gpu)
+        if gpus is None:
+            await self.emit(
+                TrialEvent(launch.trial_id, launch.attempt, "failed", reason="no free GPU")
+            )
+            return
+        env = dict(os.environ)
+        env.update(launch.env)
+        # The interpreter that runs tunehub runs trials too, with its packages (tuner, TF).
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env["PYTHONUNBUFFERED"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # "" hides every GPU from CPU trials
+        launch.workdir.mkdir(parents=True, exist_ok=True)
+        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = command_argv(launch.command)
+        try:
+            warm = warm_argv(argv, sys.executable) if self.warm else None
+            if warm is not None:
+                pid, done = await self._start_warm(launch, warm, env)
+            else:
+                pid, done = await self._start_cold(launch, argv, env)
+        except OSError as exc:
+            self.gpus.release(gpus)
+            await self.emit(
+                TrialEvent(
+                    launch.trial_id, launch.attempt, "failed",
+                    reason=f"could not start {launch.command!r}: {exc.strerror or exc}",
+                )
+            )
+            return
+        (launch.workdir / f"attempt-{launch.attempt}.pid").write_text(str(pid))
+        attempt = _Attempt(launch, pid, done, gpus)
+        self._attempts[launch.key] = attempt
+        await self.emit(TrialEvent(launch.trial_id, launch.attempt, "started"))
+        task = asyncio.get_running_loop().create_task(self._wait(attempt))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start_cold(
+        self, launch: TrialLaunch, argv: list[str], env: dict[str, str]
+    ) -> tuple[int, asyncio.Future[int]]:
+        with open(launch.log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=launch.workdir,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        done = asyncio.ensure_future(proc.wait())
+        return proc.pid, done
+
+    async def _start_warm(
+        self, launch: TrialLaunch, argv: list[str], env: dict[str, str]
+    ) -> tuple[int, asyncio.Future[int]]:
+        script = launch.workdir / argv[0] if argv[0] != "-m" else launch.workdir / "-"
+        preload = preload_for(script)
+        zygote = self._zygotes.get(preload)
+        if zygote is None or not zygote.alive:
+            zygote = Zygote(preload)
+            await zygote.start()
+            self._zygotes[preload] = zygote
+        key = f"{launch.trial_id}-{launch.attempt}"
+        return await zygote.spawn(key, argv, launch.workdir, env, launch.log_path)
+
+    async def _wait(self, attempt: _Attempt) -> None:
+        launch = attempt.launch
+        try:
+            code = await asyncio.wait_for(asyncio.shield(attempt.done), timeout=launch.timeout)
+        except asyncio.TimeoutError:
+            attempt.stop_reason = f"timed out after {launch.timeout:g}s (trial_timeout)"
+            await self._kill(attempt)
+            code = await attempt.done
+        self.gpus.release(attempt.gpus)
+        self._attempts.pop(launch.key, None)
+        if code == 0 and attempt.stop_reason is None:
+            await self.emit(TrialEvent(launch.trial_id, launch.attempt, "succeeded", 0))
+        else:
+            reason = attempt.stop_reason or describe_exit(code)
+            await self.emit(TrialEvent(launch.trial_id, launch.attempt, "failed", code, reason))
+
+    async def _kill(self, attempt: _Attempt) -> None:
+        """SIGTERM the attempt's process group, SIGKILL after a grace period."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(attempt.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(asyncio.shield(attempt.done), KILL_GRACE_SECONDS)
+                return
+            except asyncio.TimeoutError:
+                continue
+
+    async def cancel(self, trial_id: int, attempt: int) -> None:
+        running = self._attempts.get((trial_id, attempt))
+        if running is not None:
+            running.stop_reason = "cancelled"
+            await self._kill(running)
+
+    async def reconcile(self, sweep_id: int, running: list[TrialLaunch]) -> set[tuple[int, int]]:
+        """Attempts of a dead controller died with it (PDEATHSIG); anything they started
+        that is still around is killed so the retry never runs beside a leftover."""
+        for launch in running:
+            pid_file = launch.workdir / f"attempt-{launch.attempt}.pid"
+            try:
+                pgid = int(pid_file.read_text())
+                # Only a process that is still this attempt (pids get reused).
+                marker = f"TUNEHUB_TRIAL_ID={launch.trial_id}\0".encode()
+                if marker in Path(f"/proc/{pgid}/environ").read_bytes():
+                    os.killpg(pgid, signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        return set()
+
+    async def close(self) -> None:
+        for attempt in list(self._attempts.values()):
+            attempt.stop_reason = "controller stopped"
+            await self._kill(attempt)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for zygote in self._zygotes.values():
+            await zygote.close()
+        self._zygotes.clear()

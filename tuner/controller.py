@@ -1,0 +1,637 @@
+"""The sweep controller: asks Optuna for parameters, launches attempts, tells results.
+
+Costs per trial are constant: the controller keeps counters and the running set in memory,
+reacts to backend events (it never polls trials) and writes one row per event. Only a restart
+reads the whole sweep once, to recover.
+
+An :class:`Engine` hosts controllers in one process: the CLI hosts one sweep, the hub's tuner
+service hosts all of them. Reports from trials reach the right controller through the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+import socket
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+from sqlalchemy import select
+
+from tuner import metrics
+from tuner.backends._base import Backend, TrialEvent, TrialLaunch
+from tuner.db import Database, Sweep, Trial, TrialReport, utcnow
+from tuner.errors import Conflict, NotFound, Unauthorized
+from tuner.settings import Settings
+from tuner.spec import SweepSpec
+from tuner.study import load_study
+from tuner.sweeps import controller_alive, sweep_dir, tell_quietly
+from tuner.trial import (
+    ENV_API_URL,
+    ENV_ARTIFACT_DIR,
+    ENV_ATTEMPT,
+    ENV_DATA,
+    ENV_PARAMS,
+    ENV_TOKEN,
+    ENV_TRIAL_ID,
+)
+
+log = logging.getLogger("tunehub.controller")
+
+HEARTBEAT_SECONDS = 5.0
+WAKE_SECONDS = 1.0  # re-check free resources / cancellation when no event arrives
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass
+class _Running:
+    trial_id: int
+    number: int
+    attempt: int
+    token_hash: str
+    optuna_trial: optuna.trial.Trial
+    artifact_dir: Path
+    last_value: float | None = None
+    last_step: int | None = None
+    final_value: float | None = None
+    pruned: bool = False
+
+
+class Engine:
+    """Runs sweep controllers and routes backend events and trial reports to them."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        backends: dict[str, Backend],
+        api_url: str,
+        registry: object | None = None,
+    ) -> None:
+        self.db = db
+        self.settings = settings
+        self.backends = backends
+        self.api_url = api_url.rstrip("/") + "/"
+        self.registry = registry
+        self.controllers: dict[int, SweepController] = {}
+        self._by_trial: dict[int, SweepController] = {}
+        self._tasks: dict[int, asyncio.Task[str]] = {}
+
+    async def start(self) -> None:
+        for backend in self.backends.values():
+            backend.subscribe(self._route)
+            await backend.start()
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for backend in self.backends.values():
+            backend.unsubscribe(self._route)
+            await backend.close()
+
+    def run_sweep(self, sweep_id: int) -> asyncio.Task[str]:
+        """Claim the sweep and drive it to the end in a task; the task's result is the
+        sweep's final state."""
+        if sweep_id in self._tasks and not self._tasks[sweep_id].done():
+            return self._tasks[sweep_id]
+        controller = SweepController(self, sweep_id)
+        controller.claim()
+        self.controllers[sweep_id] = controller
+        task = asyncio.get_running_loop().create_task(controller.run(), name=f"sweep-{sweep_id}")
+        self._tasks[sweep_id] = task
+
+        def _done(_: asyncio.Task[str]) -> None:
+            self.controllers.pop(sweep_id, None)
+            self._tasks.pop(sweep_id, None)
+
+        task.add_done_callback(_done)
+        return task
+
+    def cancel(self, sweep_id: int) -> bool:
+        """Ask a sweep this engine runs to stop; False if it is not running here."""
+        controller = self.controllers.get(sweep_id)
+        if controller is None:
+            return False
+        controller.request_cancel()
+        return True
+
+    def report(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None
+    ) -> bool:
+        """A trial's report; returns whether the trial should be pruned."""
+        controller = self._by_trial.get(trial_id)
+        if controller is None:
+            raise NotFound(f"trial {trial_id} is not running")
+        return controller.report(trial_id, token, attempt, value, step)
+
+    def _track(self, trial_id: int, controller: SweepController | None) -> None:
+        if controller is None:
+            self._by_trial.pop(trial_id, None)
+        else:
+            self._by_trial[trial_id] = controller
+
+    async def _route(self, event: TrialEvent) -> None:
+        controller = self._by_trial.get(event.trial_id)
+        if controller is not None:
+            controller.events.put_nowait(event)
+
+
+class SweepController:
+    """Drives one sweep from its current state to completed or cancelled."""
+
+    def __init__(self, engine: Engine, sweep_id: int) -> None:
+        self.engine = engine
+        self.db = engine.db
+        self.sweep_id = sweep_id
+        self.events: asyncio.Queue[TrialEvent | None] = asyncio.Queue()
+        self.running: dict[int, _Running] = {}
+        self.relaunch: deque[int] = deque()  # trial ids waiting for their next attempt
+        self.created = 0
+        self.cancel_requested = False
+        with self.db.session() as s:
+            sweep = s.get(Sweep, sweep_id)
+            if sweep is None:
+                raise NotFound(f"sweep {sweep_id} not found")
+            self.owner = sweep.owner
+            self.name = sweep.name
+            self.study_name = sweep.study_name
+            self.code_dir = Path(sweep.code_dir) if sweep.code_dir else None
+            self.spec = SweepSpec.from_dict(sweep.spec)
+            self.backend = engine.backends.get(sweep.backend)
+            if self.backend is None:
+                raise Conflict(f"sweep {sweep_id} needs the {sweep.backend} backend")
+        self.dir = sweep_dir(engine.settings, sweep_id)
+        self.study = load_study(self.spec, self.study_name, self.db.url)
+
+    # --- ownership -----------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """Become the sweep's controller, unless a live one already is."""
+        with self.db.session() as s:
+            sweep = s.get(Sweep, self.sweep_id, with_for_update=True)
+            assert sweep is not None
+            if sweep.state in ("completed", "failed", "cancelled"):
+                raise Conflict(f"sweep {self.sweep_id} is {sweep.state}; nothing to resume")
+            mine = sweep.controller_pid == os.getpid() and (
+                sweep.controller_host == socket.gethostname()
+            )
+            if not mine and controller_alive(sweep):
+                raise Conflict(
+                    f"sweep {self.sweep_id} is being run by process {sweep.controller_pid} "
+                    f"on {sweep.controller_host}"
+                )
+            sweep.controller_host = socket.gethostname()
+            sweep.controller_pid = os.getpid()
+            sweep.heartbeat_at = utcnow()
+            if sweep.state == "cancelling":
+                self.cancel_requested = True
+            else:
+                sweep.state = "running"
+            sweep.started_at = sweep.started_at or utcnow()
+
+    def request_cancel(self) -> None:
+        self.cancel_requested = True
+        self.events.put_nowait(None)  # wake the loop
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> str:
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat())
+        try:
+            await self._recover()
+            while True:
+                if self.cancel_requested:
+                    await self._cancel_running()
+                    break
+                await self._fill()
+                if not self.running and not self.relaunch and self.created >= self.spec.trials:
+                    break
+                try:
+                    event = await asyncio.wait_for(self.events.get(), timeout=WAKE_SECONDS)
+                except asyncio.TimeoutError:
+                    continue
+                if event is not None:
+                    await self._handle(event)
+        except asyncio.CancelledError:
+            # The engine is shutting down: leave the sweep claimable by the next controller.
+            await self._release()
+            raise
+        finally:
+            heartbeat.cancel()
+        return await self._finish()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)  # a periodic timer, not synchronisation
+            with self.db.session() as s:
+                sweep = s.get(Sweep, self.sweep_id)
+                if sweep is None:
+                    return
+                sweep.heartbeat_at = utcnow()
+                if sweep.state == "cancelling" and not self.cancel_requested:
+                    self.request_cancel()
+
+    async def _fill(self) -> None:
+        while len(self.running) < self.spec.parallelism and not self.cancel_requested:
+            if not self.relaunch and self.created >= self.spec.trials:
+                return
+            if not self.backend.can_launch(self.spec.resources):
+                return
+            if self.relaunch:
+                trial_id = self.relaunch.popleft()
+            else:
+                trial_id = self._ask()
+            await self._launch(trial_id)
+
+    def _ask(self) -> int:
+        otrial = self.study.ask(self.spec.distributions())
+        self.created += 1
+        workdir = self.dir / "trials" / str(otrial.number)
+        with self.db.session() as s:
+            row = Trial(
+                sweep_id=self.sweep_id,
+                number=otrial.number,
+                optuna_trial_id=otrial._trial_id,
+                state="pending",
+                params=dict(otrial.params),
+                workdir=str(workdir),
+                log_path=str(workdir / "trial.log"),
+                artifact_dir=str(workdir / "artifacts"),
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    async def _launch(self, trial_id: int) -> None:
+        token = secrets.token_urlsafe(32)
+        with self.db.session() as s:
+            row = s.get(Trial, trial_id)
+            assert row is not None
+            row.attempts += 1
+            row.state = "running"
+            row.token_hash = hash_token(token)
+            row.started_at = utcnow()
+            attempt, number, params = row.attempts, row.number, dict(row.params)
+            workdir, log_path = Path(row.workdir), Path(row.log_path or "")
+            artifact_dir = Path(row.artifact_dir or workdir / "artifacts")
+            optuna_trial_id, reason = row.optuna_trial_id, row.reason
+            sweep = s.get(Sweep, self.sweep_id)
+            assert sweep is not None
+            sweep.n_started += 1 if attempt == 1 else 0
+        self._prepare_workdir(workdir, artifact_dir)
+        with open(log_path, "a") as fh:
+            why = f" (after: {reason})" if attempt > 1 and reason else ""
+            fh.write(f"=== tunehub: trial {number}, attempt {attempt}{why} ===\n")
+        env = dict(self.spec.env)
+        env.update(
+            {
+                ENV_API_URL: self.engine.api_url,
+                ENV_TRIAL_ID: str(trial_id),
+                ENV_ATTEMPT: str(attempt),
+                ENV_TOKEN: token,
+                ENV_PARAMS: _json(params),
+                ENV_ARTIFACT_DIR: str(artifact_dir),
+                ENV_DATA: str(self.engine.settings.data),
+                "TUNEHUB_SWEEP_ID": str(self.sweep_id),
+                "TUNEHUB_TRIAL_NUMBER": str(number),
+            }
+        )
+        self.running[trial_id] = _Running(
+            trial_id=trial_id,
+            number=number,
+            attempt=attempt,
+            token_hash=hash_token(token),
+            optuna_trial=optuna.trial.Trial(self.study, optuna_trial_id),
+            artifact_dir=artifact_dir,
+        )
+        self.engine._track(trial_id, self)
+        metrics.TRIALS_LAUNCHED.inc()
+        metrics.TRIALS_RUNNING.inc()
+        await self.backend.launch(
+            TrialLaunch(
+                sweep_id=self.sweep_id,
+                trial_id=trial_id,
+                number=number,
+                attempt=attempt,
+                command=self.spec.command,
+                workdir=workdir,
+                env=env,
+                resources=self.spec.resources,
+                timeout=self.spec.trial_timeout,
+                log_path=log_path,
+                priority=self.spec.priority,
+                owner=self.owner,
+                sweep_name=self.name,
+            )
+        )
+
+    def _prepare_workdir(self, workdir: Path, artifact_dir: Path) -> None:
+        """The trial's own directory, with the sweep's code snapshot linked in so
+        ``python train.py`` works and outputs stay per trial."""
+        fresh = not workdir.exists()
+        workdir.mkdir(parents=True, exist_ok=True)
+        artifact_dir.mkdir(parents=True, exist_ok=True)
+        if fresh and self.code_dir is not None and self.code_dir.is_dir():
+            for entry in self.code_dir.iterdir():
+                link = workdir / entry.name
+                if not link.exists():
+                    link.symlink_to(entry)
+
+    # --- reports and events --------------------------------------------------------------
+
+    def report(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None
+    ) -> bool:
+        rt = self.running.get(trial_id)
+        if rt is None or not secrets.compare_digest(hash_token(token), rt.token_hash):
+            raise Unauthorized("this token is not valid for that trial")
+        if attempt != rt.attempt:
+            raise Unauthorized(f"attempt {attempt} of this trial is no longer running")
+        if step is None:
+            rt.final_value = value
+            return False
+        with self.db.session() as s:
+            existing = s.scalar(
+                select(TrialReport).where(
+                    TrialReport.trial_id == trial_id, TrialReport.step == step
+                )
+            )
+            if existing is None:
+                s.add(TrialReport(trial_id=trial_id, step=step, value=value))
+            else:
+                existing.value = value
+            row = s.get(Trial, trial_id)
+            assert row is not None
+            row.value, row.last_step = value, step
+        rt.last_value, rt.last_step = value, step
+        metrics.REPORTS.inc()
+        rt.optuna_trial.report(value, step)
+        if rt.optuna_trial.should_prune():
+            rt.pruned = True
+        return rt.pruned
+
+    async def _handle(self, event: TrialEvent) -> None:
+        rt = self.running.get(event.trial_id)
+        if rt is None or event.attempt != rt.attempt:
+            return  # an old attempt's late news
+        if event.kind == "started":
+            return
+        del self.running[event.trial_id]
+        self.engine._track(event.trial_id, None)
+        metrics.TRIALS_RUNNING.dec()
+        value = rt.final_value if rt.final_value is not None else rt.last_value
+        if rt.pruned:
+            self._finish_trial(rt, "pruned", rt.last_value, f"pruned at step {rt.last_step}")
+        elif event.kind == "succeeded" and value is not None:
+            self._finish_trial(rt, "completed", value, None)
+        else:
+            if event.kind == "succeeded":
+                reason = f"exited 0 without reporting {self.spec.metric} (call tuner.report)"
+            else:
+                reason = event.reason or "failed"
+            if rt.attempt <= self.spec.max_retries and not self.cancel_requested:
+                with self.db.session() as s:
+                    row = s.get(Trial, rt.trial_id)
+                    assert row is not None
+                    row.state, row.reason = "pending", reason
+                self.relaunch.append(rt.trial_id)
+            else:
+                self._finish_trial(rt, "failed", None, reason)
+
+    def _finish_trial(
+        self, rt: _Running, state: str, value: float | None, reason: str | None
+    ) -> None:
+        has_model = (rt.artifact_dir / "model" / "saved_model.pb").exists()
+        with self.db.session() as s:
+            row = s.get(Trial, rt.trial_id)
+            sweep = s.get(Sweep, self.sweep_id)
+            assert row is not None and sweep is not None
+            row.state, row.reason, row.finished_at = state, reason, utcnow()
+            row.has_model = has_model
+            if value is not None:
+                row.value = value
+            if state == "completed":
+                sweep.n_completed += 1
+                if value is not None and self._better(value, sweep.best_value):
+                    sweep.best_value, sweep.best_trial_number = value, rt.number
+            elif state == "pruned":
+                sweep.n_pruned += 1
+            else:
+                sweep.n_failed += 1
+        metrics.TRIALS_FINISHED.labels(state).inc()
+        optuna_state = {
+            "completed": TrialState.COMPLETE,
+            "pruned": TrialState.PRUNED,
+        }.get(state, TrialState.FAIL)
+        tell_quietly(self.study, rt.number, optuna_state, value)
+
+    def _better(self, value: float, best: float | None) -> bool:
+        if best is None:
+            return True
+        return value > best if self.spec.direction == "maximize" else value < best
+
+    # --- recovery, cancel, end -----------------------------------------------------------
+
+    async def _recover(self) -> None:
+        """Pick up where a previous controller stopped: nothing finished is redone, nothing
+        running twice, no trial number reused."""
+        otrials = self.study.get_trials(deepcopy=False)
+        self.created = len(otrials)
+        by_number = {t.number: t for t in otrials}
+        with self.db.session() as s:
+            rows = list(s.scalars(select(Trial).where(Trial.sweep_id == self.sweep_id)))
+            known = {row.number for row in rows}
+            # Asked from Optuna but the row was never written: adopt it as a pending trial.
+            for ot in otrials:
+                if ot.number not in known and ot.state == TrialState.RUNNING:
+                    workdir = self.dir / "trials" / str(ot.number)
+                    row = Trial(
+                        sweep_id=self.sweep_id,
+                        number=ot.number,
+                        optuna_trial_id=ot._trial_id,
+                        state="pending",
+                        params=dict(ot.params),
+                        workdir=str(workdir),
+                        log_path=str(workdir / "trial.log"),
+                        artifact_dir=str(workdir / "artifacts"),
+                    )
+                    s.add(row)
+                    rows.append(row)
+            s.flush()
+            stale: list[TrialLaunch] = []
+            for row in rows:
+                ot = by_number.get(row.number)
+                if row.state in ("completed", "pruned", "failed", "cancelled"):
+                    if ot is not None and ot.state == TrialState.RUNNING:
+                        state = {
+                            "completed": TrialState.COMPLETE,
+                            "pruned": TrialState.PRUNED,
+                        }.get(row.state, TrialState.FAIL)
+                        tell_quietly(self.study, row.number, state, row.value)
+                    continue
+                if ot is not None and ot.state.is_finished():
+                    row.state = {
+                        TrialState.COMPLETE: "completed",
+                        TrialState.PRUNED: "pruned",
+                    }.get(ot.state, "failed")
+                    row.value = ot.value if ot.value is not None else row.value
+                    row.finished_at = row.finished_at or utcnow()
+                    continue
+                if row.state == "running":
+                    stale.append(self._launch_record(row))
+                    row.reason = "controller restarted"
+                self.relaunch.append(row.id)
+            self._recount(s)
+        if stale:
+            await self.backend.reconcile(self.sweep_id, stale)
+
+    def _launch_record(self, row: Trial) -> TrialLaunch:
+        return TrialLaunch(
+            sweep_id=self.sweep_id,
+            trial_id=row.id,
+            number=row.number,
+            attempt=row.attempts,
+            command=self.spec.command,
+            workdir=Path(row.workdir),
+            env={},
+            resources=self.spec.resources,
+            timeout=self.spec.trial_timeout,
+            log_path=Path(row.log_path or ""),
+        )
+
+    def _recount(self, s: object) -> None:
+        from sqlalchemy import func
+        from sqlalchemy.orm import Session
+
+        assert isinstance(s, Session)
+        counts = dict(
+            s.execute(
+                select(Trial.state, func.count())
+                .where(Trial.sweep_id == self.sweep_id)
+                .group_by(Trial.state)
+            ).all()
+        )
+        sweep = s.get(Sweep, self.sweep_id)
+        assert sweep is not None
+        sweep.n_completed = counts.get("completed", 0)
+        sweep.n_pruned = counts.get("pruned", 0)
+        sweep.n_failed = counts.get("failed", 0)
+
+    async def _cancel_running(self) -> None:
+        running = list(self.running.values())
+        for rt in running:
+            await self.backend.cancel(rt.trial_id, rt.attempt)
+        # Wait for the backend to confirm each one stopped.
+        while self.running:
+            event = await self.events.get()
+            if event is None:
+                continue
+            rt = self.running.get(event.trial_id)
+            if rt is not None and event.attempt == rt.attempt and event.kind != "started":
+                del self.running[event.trial_id]
+                self.engine._track(event.trial_id, None)
+                metrics.TRIALS_RUNNING.dec()
+                self._finish_trial(rt, "cancelled", None, "sweep cancelled")
+        self.relaunch.clear()
+
+    async def _finish(self) -> str:
+        with self.db.session() as s:
+            pending = s.scalars(
+                select(Trial).where(
+                    Trial.sweep_id == self.sweep_id, Trial.state.in_(("pending", "running"))
+                )
+            )
+            for row in pending:
+                row.state, row.reason, row.finished_at = "cancelled", "sweep cancelled", utcnow()
+                tell_quietly(self.study, row.number, TrialState.FAIL)
+            sweep = s.get(Sweep, self.sweep_id)
+            assert sweep is not None
+            if self.cancel_requested:
+                sweep.state, sweep.reason = "cancelled", "cancelled"
+            elif sweep.n_completed == 0:
+                sweep.state, sweep.reason = "failed", "no trial completed"
+            else:
+                sweep.state, sweep.reason = "completed", None
+            sweep.finished_at = utcnow()
+            sweep.controller_pid = None
+            state = sweep.state
+        if state == "completed" and self.spec.promote is not None:
+            self._register_best()
+        await self.backend.cleanup(self.sweep_id)
+        metrics.SWEEPS_FINISHED.labels(state).inc()
+        log.info("sweep %s %s", self.sweep_id, state)
+        return state
+
+    def _register_best(self) -> None:
+        """The best completed trial with a saved model becomes a model version; the
+        promotion policy decides whether it goes to production."""
+        from tuner.registry import Registry
+
+        assert self.spec.promote is not None
+        order = Trial.value.desc() if self.spec.direction == "maximize" else Trial.value.asc()
+        with self.db.session() as s:
+            best = s.scalar(
+                select(Trial)
+                .where(
+                    Trial.sweep_id == self.sweep_id,
+                    Trial.state == "completed",
+                    Trial.has_model.is_(True),
+                )
+                .order_by(order)
+                .limit(1)
+            )
+        if best is None:
+            self._note("no completed trial saved a model (tuner.save_model); nothing registered")
+            return
+        registry = self.engine.registry or Registry(self.db, self.engine.settings.registry)
+        version = registry.register(
+            model=self.spec.promote.model,
+            source_dir=Path(best.artifact_dir or "") / "model",
+            owner=self.owner,
+            metric=self.spec.metric,
+            direction=self.spec.direction,
+            metric_value=best.value,
+            sweep_id=self.sweep_id,
+            trial_number=best.number,
+            params=dict(best.params),
+            code_location=str(self.code_dir) if self.code_dir else None,
+            data_path=str(self.engine.settings.data),
+        )
+        promoted, why = registry.apply_policy(version, self.spec.promote.policy)
+        with self.db.session() as s:
+            sweep = s.get(Sweep, self.sweep_id)
+            assert sweep is not None
+            sweep.model_version_id = version.id
+            sweep.reason = (
+                f"{version.model} v{version.version} "
+                + ("promoted to production" if promoted else "registered, not promoted")
+                + (f": {why}" if why else "")
+            )
+
+    def _note(self, message: str) -> None:
+        with self.db.session() as s:
+            sweep = s.get(Sweep, self.sweep_id)
+            assert sweep is not None
+            sweep.reason = message
+
+    async def _release(self) -> None:
+        with self.db.session() as s:
+            sweep = s.get(Sweep, self.sweep_id)
+            if sweep is not None and sweep.controller_pid == os.getpid():
+                sweep.controller_pid = None
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value)

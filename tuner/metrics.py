@@ -1,0 +1,15 @@
+"""Prometheus metrics of the tuner: what an operator graphs and alerts on."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+SWEEPS_SUBMITTED = Counter("tunehub_sweeps_submitted_total", "Sweeps submitted", ["backend"])
+SWEEPS_FINISHED = Counter("tunehub_sweeps_finished_total", "Sweeps finished", ["state"])
+TRIALS_LAUNCHED = Counter("tunehub_trial_attempts_launched_total", "Trial attempts launched")
+TRIALS_FINISHED = Counter("tunehub_trials_finished_total", "Trials finished", ["state"])
+TRIALS_RUNNING = Gauge("tunehub_trials_running", "Trial attempts running now")
+REPORTS = Counter("tunehub_trial_reports_total", "Intermediate values reported by trials")
+API_REQUESTS = Histogram(
+    "tunehub_api_request_seconds", "Tuner API request latency", ["method", "route", "status"]
+)

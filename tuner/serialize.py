@@ -1,0 +1,81 @@
+"""JSON views of sweeps, trials and model versions: one shape for the CLI's ``--json`` and the
+REST API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from tuner.db import ModelVersion, Sweep, Trial
+
+
+def _time(value: datetime | None) -> str | None:
+    return value.isoformat() + "Z" if value is not None else None
+
+
+def sweep_view(sweep: Sweep) -> dict[str, Any]:
+    spec = sweep.spec or {}
+    return {
+        "id": sweep.id,
+        "name": sweep.name,
+        "owner": sweep.owner,
+        "state": sweep.state,
+        "reason": sweep.reason,
+        "backend": sweep.backend,
+        "metric": spec.get("metric"),
+        "direction": spec.get("direction"),
+        "trials": spec.get("trials"),
+        "parallelism": spec.get("parallelism"),
+        "completed": sweep.n_completed,
+        "pruned": sweep.n_pruned,
+        "failed": sweep.n_failed,
+        "best_value": sweep.best_value,
+        "best_trial": sweep.best_trial_number,
+        "model_version_id": sweep.model_version_id,
+        "created_at": _time(sweep.created_at),
+        "started_at": _time(sweep.started_at),
+        "finished_at": _time(sweep.finished_at),
+        "spec": spec,
+    }
+
+
+def trial_view(trial: Trial, reports: list[tuple[int, float]] | None = None) -> dict[str, Any]:
+    duration = None
+    if trial.started_at and trial.finished_at:
+        duration = (trial.finished_at - trial.started_at).total_seconds()
+    view: dict[str, Any] = {
+        "number": trial.number,
+        "state": trial.state,
+        "value": trial.value,
+        "params": trial.params,
+        "attempts": trial.attempts,
+        "reason": trial.reason,
+        "last_step": trial.last_step,
+        "has_model": trial.has_model,
+        "started_at": _time(trial.started_at),
+        "finished_at": _time(trial.finished_at),
+        "duration_seconds": duration,
+    }
+    if reports is not None:
+        view["intermediate_values"] = [{"step": s, "value": v} for s, v in reports]
+    return view
+
+
+def model_version_view(mv: ModelVersion) -> dict[str, Any]:
+    return {
+        "model": mv.model,
+        "version": mv.version,
+        "owner": mv.owner,
+        "stage": mv.stage,
+        "path": mv.path,
+        "metric": mv.metric,
+        "direction": mv.direction,
+        "metric_value": mv.metric_value,
+        "sweep_id": mv.sweep_id,
+        "trial_number": mv.trial_number,
+        "params": mv.params,
+        "code_location": mv.code_location,
+        "data_path": mv.data_path,
+        "created_at": _time(mv.created_at),
+        "promoted_at": _time(mv.promoted_at),
+    }

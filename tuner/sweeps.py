@@ -1,0 +1,261 @@
+"""Sweep operations with access control: submit, list, show, cancel, trials, logs.
+
+The CLI (on one machine) and the REST API (the hub's tuner service) both call these, so a rule
+such as "another user's sweep does not exist for you" lives in exactly one place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import optuna
+from sqlalchemy import func, select
+
+from tuner.backends._base import Backend
+from tuner.db import SWEEP_ACTIVE, Database, Sweep, Trial, TrialReport, utcnow
+from tuner.errors import Conflict, NotFound
+from tuner.settings import Settings
+from tuner.spec import SpecError, SweepSpec
+from tuner.study import check_grid_size, check_sampler_available, create_study, storage_for
+
+CODE_SNAPSHOT_LIMIT = 100 * 1024 * 1024
+_SNAPSHOT_IGNORE = shutil.ignore_patterns(
+    ".git", "__pycache__", "*.pyc", ".venv", "venv", "tunehub-artifacts", ".ipynb_checkpoints"
+)
+HEARTBEAT_STALE = timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who is asking: a user name, and whether they may see everyone's sweeps."""
+
+    name: str
+    admin: bool = False
+
+
+def local_actor() -> Actor:
+    """The person at this machine's terminal: owner of what they run, admin of their home."""
+    import getpass
+
+    return Actor(name=os.environ.get("TUNEHUB_USER") or getpass.getuser(), admin=True)
+
+
+def sweep_dir(settings: Settings, sweep_id: int) -> Path:
+    return settings.sweeps_dir / str(sweep_id)
+
+
+def controller_alive(sweep: Sweep) -> bool:
+    """Is the controller that claimed this sweep still running?"""
+    if sweep.controller_pid is None or sweep.heartbeat_at is None:
+        return False
+    if sweep.controller_host == socket.gethostname():
+        try:
+            os.kill(sweep.controller_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        cmdline = Path(f"/proc/{sweep.controller_pid}/cmdline")
+        try:
+            return b"tunehub" in cmdline.read_bytes() or b"tuner" in cmdline.read_bytes()
+        except OSError:
+            return False
+    return utcnow() - sweep.heartbeat_at < HEARTBEAT_STALE
+
+
+class SweepStore:
+    """Reads and writes sweeps for an :class:`Actor`."""
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
+        self.settings = settings
+
+    # --- submission ----------------------------------------------------------------------
+
+    def submit(
+        self,
+        spec: SweepSpec,
+        actor: Actor,
+        backend: Backend,
+        files: dict[str, bytes] | None = None,
+    ) -> Sweep:
+        """Validate against the backend, snapshot the code (plus ``files``, e.g. a pickled
+        notebook function), create the study. Nothing is left behind when a step refuses."""
+        backend.check(spec)
+        check_sampler_available(spec)
+        check_grid_size(spec)
+        code = Path(spec.code) if spec.code else None
+        if code is not None and not code.is_dir():
+            raise SpecError("code", f"{code} is not a directory")
+        if code is not None:
+            size = _tree_size(code)
+            if size > CODE_SNAPSHOT_LIMIT:
+                raise SpecError(
+                    "code",
+                    f"{code} holds {size // 2**20} MiB; keep data in the data store "
+                    f"({self.settings.data}) and code under {CODE_SNAPSHOT_LIMIT // 2**20} MiB",
+                )
+        # The study first: Optuna writes through its own connection, which must not wait
+        # on a transaction of ours (SQLite has one writer).
+        study_name = f"tunehub-{uuid.uuid4().hex}"
+        create_study(spec, study_name, self.db.url)
+        target: Path | None = None
+        try:
+            with self.db.session() as s:
+                sweep = Sweep(
+                    name=spec.name,
+                    owner=actor.name,
+                    spec=spec.to_dict(),
+                    backend=backend.name,
+                    state="queued",
+                    study_name=study_name,
+                )
+                s.add(sweep)
+                s.flush()
+                target = sweep_dir(self.settings, sweep.id)
+                if code is not None:
+                    shutil.copytree(code, target / "code", ignore=_SNAPSHOT_IGNORE, symlinks=True)
+                else:
+                    (target / "code").mkdir(parents=True, exist_ok=True)
+                for name, data in (files or {}).items():
+                    (target / "code" / name).write_bytes(data)
+                sweep.code_dir = str(target / "code")
+        except BaseException:
+            if target is not None:
+                shutil.rmtree(target, ignore_errors=True)
+            optuna.delete_study(study_name=study_name, storage=storage_for(self.db.url))
+            raise
+        return sweep
+
+    # --- queries -------------------------------------------------------------------------
+
+    def get(self, sweep_id: int, actor: Actor) -> Sweep:
+        with self.db.session() as s:
+            sweep = s.get(Sweep, sweep_id)
+            if sweep is None or not (actor.admin or sweep.owner == actor.name):
+                raise NotFound(f"sweep {sweep_id} not found")
+            return sweep
+
+    def list(self, actor: Actor, limit: int = 200) -> list[Sweep]:
+        with self.db.session() as s:
+            query = select(Sweep).order_by(Sweep.id.desc()).limit(limit)
+            if not actor.admin:
+                query = query.where(Sweep.owner == actor.name)
+            return list(s.scalars(query))
+
+    def trials(self, sweep_id: int, actor: Actor) -> list[Trial]:
+        self.get(sweep_id, actor)
+        with self.db.session() as s:
+            query = select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.number)
+            return list(s.scalars(query))
+
+    def trial(self, sweep_id: int, number: int, actor: Actor) -> Trial:
+        self.get(sweep_id, actor)
+        with self.db.session() as s:
+            trial = s.scalar(
+                select(Trial).where(Trial.sweep_id == sweep_id, Trial.number == number)
+            )
+            if trial is None:
+                raise NotFound(f"sweep {sweep_id} has no trial {number}")
+            return trial
+
+    def reports(self, sweep_id: int, actor: Actor) -> dict[int, list[tuple[int, float]]]:
+        """Intermediate values per trial number, in step order."""
+        self.get(sweep_id, actor)
+        with self.db.session() as s:
+            rows = s.execute(
+                select(Trial.number, TrialReport.step, TrialReport.value)
+                .join(TrialReport, TrialReport.trial_id == Trial.id)
+                .where(Trial.sweep_id == sweep_id)
+                .order_by(Trial.number, TrialReport.step)
+            )
+            out: dict[int, list[tuple[int, float]]] = {}
+            for number, step, value in rows:
+                out.setdefault(number, []).append((step, value))
+            return out
+
+    def log_path(self, sweep_id: int, number: int, actor: Actor) -> Path:
+        trial = self.trial(sweep_id, number, actor)
+        if not trial.log_path or not Path(trial.log_path).exists():
+            raise NotFound(f"trial {number} of sweep {sweep_id} has no log yet")
+        return Path(trial.log_path)
+
+    def state_counts(self, sweep_id: int) -> dict[str, int]:
+        with self.db.session() as s:
+            rows = s.execute(
+                select(Trial.state, func.count())
+                .where(Trial.sweep_id == sweep_id)
+                .group_by(Trial.state)
+            )
+            return {state: n for state, n in rows}
+
+    # --- changes -------------------------------------------------------------------------
+
+    def request_cancel(self, sweep_id: int, actor: Actor) -> Sweep:
+        """Ask the sweep's controller to stop; with no live controller, cancel it here."""
+        sweep = self.get(sweep_id, actor)
+        if sweep.state not in SWEEP_ACTIVE:
+            raise Conflict(f"sweep {sweep_id} is already {sweep.state}")
+        with self.db.session() as s:
+            sweep = s.get(Sweep, sweep_id)
+            assert sweep is not None
+            if controller_alive(sweep):
+                sweep.state = "cancelling"
+                return sweep
+        return self.cancel_offline(sweep_id)
+
+    def cancel_offline(self, sweep_id: int) -> Sweep:
+        """Cancel a sweep no controller runs: unfinished trials become cancelled (FAIL in
+        Optuna, which has no cancelled state)."""
+        with self.db.session() as s:
+            sweep = s.get(Sweep, sweep_id)
+            assert sweep is not None
+            study = optuna.load_study(
+                study_name=sweep.study_name, storage=storage_for(self.db.url)
+            )
+            open_trials = s.scalars(
+                select(Trial).where(
+                    Trial.sweep_id == sweep_id, Trial.state.in_(("pending", "running"))
+                )
+            )
+            for trial in open_trials:
+                trial.state = "cancelled"
+                trial.reason = "sweep cancelled"
+                trial.finished_at = utcnow()
+                tell_quietly(study, trial.number, optuna.trial.TrialState.FAIL)
+            sweep.state = "cancelled"
+            sweep.finished_at = utcnow()
+            sweep.reason = "cancelled"
+            return sweep
+
+
+def tell_quietly(
+    study: optuna.Study,
+    number: int,
+    state: optuna.trial.TrialState,
+    value: float | None = None,
+) -> None:
+    """``study.tell`` that tolerates a trial Optuna already finished (a crash between our
+    commit and Optuna's)."""
+    if state == optuna.trial.TrialState.COMPLETE:
+        study.tell(number, value, skip_if_finished=True)
+    else:
+        study.tell(number, state=state, skip_if_finished=True)
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in {".git", ".venv", "venv", "__pycache__"}]
+        for name in filenames:
+            try:
+                total += (Path(dirpath) / name).lstat().st_size
+            except OSError:
+                continue
+    return total

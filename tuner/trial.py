@@ -1,0 +1,134 @@
+"""The trial-side SDK: what user training code imports.
+
+Inside a sweep the controller starts the trial with ``TUNEHUB_*`` variables: its parameters, the
+URL to report to and a token valid for this trial only. Trial code never opens the database.
+Outside a sweep every call degrades to something useful for debugging in a notebook: defaults
+for parameters, no-op reporting, a local artifact directory.
+
+Only the standard library is imported here so a trial starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ENV_PARAMS = "TUNEHUB_PARAMS"
+ENV_API_URL = "TUNEHUB_API_URL"
+ENV_TRIAL_ID = "TUNEHUB_TRIAL_ID"
+ENV_ATTEMPT = "TUNEHUB_TRIAL_ATTEMPT"
+ENV_TOKEN = "TUNEHUB_TRIAL_TOKEN"
+ENV_ARTIFACT_DIR = "TUNEHUB_ARTIFACT_DIR"
+ENV_DATA = "TUNEHUB_DATA"
+
+# How long a report keeps retrying an unreachable controller before giving up on that report.
+REPORT_RETRY_SECONDS = 60.0
+
+
+class Pruned(Exception):
+    """Raised by :func:`report` when the sweep's pruner stops this trial early.
+
+    Let it propagate (or catch it and exit): the trial is then recorded as pruned."""
+
+
+def in_trial() -> bool:
+    """True when running as a trial of a sweep."""
+    return bool(os.environ.get(ENV_TRIAL_ID))
+
+
+def params(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This trial's hyperparameters laid over ``defaults``; outside a sweep, the defaults."""
+    merged = dict(defaults or {})
+    raw = os.environ.get(ENV_PARAMS)
+    if raw:
+        merged.update(json.loads(raw))
+    return merged
+
+
+def data_dir() -> Path:
+    """The shared data store: the same path in notebooks and trials."""
+    root = os.environ.get(ENV_DATA)
+    if root:
+        return Path(root)
+    from tuner.settings import load_settings
+
+    return load_settings().data
+
+
+def artifact_dir() -> Path:
+    """Where this trial writes what it wants kept (the saved model goes in ``model/``)."""
+    path = Path(os.environ.get(ENV_ARTIFACT_DIR) or Path.cwd() / "tunehub-artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def report(value: float, step: int | None = None) -> None:
+    """Report the sweep metric. With ``step`` it is an intermediate value (e.g. per epoch) the
+    pruner judges; the last reported value is the trial's result.
+
+    Raises :class:`Pruned` when the pruner says stop. A no-op outside a sweep.
+    """
+    value = float(value)
+    if not in_trial():
+        return
+    body = {
+        "value": value,
+        "step": step,
+        "attempt": int(os.environ.get(ENV_ATTEMPT, "1")),
+    }
+    answer = _post(f"trials/{os.environ[ENV_TRIAL_ID]}/report", body)
+    if answer.get("prune"):
+        raise Pruned(f"pruned at step {step}")
+
+
+def save_model(model: Any, name: str = "model") -> Path:
+    """Export a Keras model as a TensorFlow SavedModel into the trial's artifact directory,
+    the layout TensorFlow Serving loads; the sweep's best trial's export is registered."""
+    target = artifact_dir() / name
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    if hasattr(model, "export"):  # Keras 3: an inference SavedModel with a serving signature
+        model.export(str(target), format="tf_saved_model", verbose=False)
+    else:  # a plain tf.Module
+        import tensorflow as tf
+
+        tf.saved_model.save(model, str(target))
+    return target
+
+
+def _post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST to the tuner API with the trial token, retrying while the controller is away, so a
+    restarting controller does not lose results."""
+    url = os.environ[ENV_API_URL].rstrip("/") + "/api/v1/" + path
+    data = json.dumps(body).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {os.environ.get(ENV_TOKEN, '')}",
+    }
+    deadline = time.monotonic() + REPORT_RETRY_SECONDS
+    delay = 0.2
+    while True:
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                detail = exc.read().decode(errors="replace")
+                raise RuntimeError(f"tunehub refused the report ({exc.code}): {detail}") from None
+            error: Exception = exc
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            error = exc
+        if time.monotonic() > deadline:
+            print(f"tunehub: could not report to {url}: {error}", file=sys.stderr)
+            return {}
+        time.sleep(delay)  # back-off between retries of a network call, not synchronisation
+        delay = min(delay * 2, 5.0)
