@@ -1,0 +1,69 @@
+"""JSON request handling shared by every endpoint: errors are JSON with a reason, never a
+traceback or a bare 500."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from tornado.web import HTTPError, RequestHandler
+
+from tuner.errors import TunehubError
+from tuner.spec import SpecError
+
+log = logging.getLogger("tunehub.api")
+
+
+class ApiError(HTTPError):
+    """An error whose message is meant for the caller."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(status, reason=None)
+        self.message = message
+        self.field = field
+
+
+class JsonHandler(RequestHandler):
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json")
+
+    def json_body(self) -> dict[str, Any]:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        return body
+
+    def send(self, payload: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(payload, default=str))
+
+    def _handle_request_exception(self, e: BaseException) -> None:
+        # Domain errors are the caller's mistake: answer their status, not a 500.
+        if isinstance(e, TunehubError) and not self._finished:
+            log.info("%s %s -> %s: %s", self.request.method, self.request.path, e.status, e)
+            self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
+            return
+        super()._handle_request_exception(e)  # type: ignore[arg-type]
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        body: dict[str, Any] = {"status": status_code}
+        if isinstance(exc, ApiError):
+            body["error"] = exc.message
+            if exc.field:
+                body["field"] = exc.field
+        elif isinstance(exc, TunehubError):
+            body["error"] = str(exc)
+            if isinstance(exc, SpecError):
+                body["field"] = exc.field
+        elif isinstance(exc, HTTPError) and status_code < 500:
+            body["error"] = exc.log_message or self._reason
+        elif status_code < 500:
+            body["error"] = self._reason
+        else:
+            body["error"] = "internal error; see the tuner service log"
+        self.finish(json.dumps(body))

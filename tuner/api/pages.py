@@ -1,0 +1,29 @@
+"""The sweeps page, behind the hub's login (OAuth)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado.web import RequestHandler, authenticated
+
+
+class IndexHandler(HubOAuthenticated, RequestHandler):
+    def initialize(self, ctx: Any, web_dir: Path) -> None:
+        self.hub_auth = ctx.hub_auth
+        self.web_dir = web_dir
+
+    @property
+    def hub_scopes(self) -> None:  # type: ignore[override]
+        return None
+
+    @authenticated
+    def get(self) -> None:
+        index = self.web_dir / "index.html"
+        if not index.exists():
+            self.set_status(503)
+            self.finish("the sweeps page is not installed")
+            return
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(index.read_bytes())

@@ -1,0 +1,113 @@
+"""The tuner service: REST API + sweep controllers, run as a JupyterHub service.
+
+``python -m tuner.service``. It reads the variables JupyterHub gives its services
+(``JUPYTERHUB_SERVICE_URL``, ``JUPYTERHUB_SERVICE_PREFIX``, ``JUPYTERHUB_API_TOKEN``,
+``JUPYTERHUB_API_URL``, ...) and tunehub's settings. On start it takes over every active sweep
+whose controller is gone, so sweeps outlive restarts of the service, the hub and notebooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+from urllib.parse import urlparse
+
+from sqlalchemy import select
+
+from tuner.api.app import make_app
+from tuner.api.auth import make_hub_auth
+from tuner.api.context import ServiceContext
+from tuner.backends import make_backend
+from tuner.controller import Engine
+from tuner.db import SWEEP_ACTIVE, Database, Sweep
+from tuner.errors import Conflict
+from tuner.settings import Settings, load_settings
+from tuner.sweeps import SweepStore, controller_alive
+
+log = logging.getLogger("tunehub.service")
+
+
+def cookie_secret(settings: Settings) -> bytes:
+    """Kept in the home so OAuth cookies survive a restart of the service."""
+    path = settings.home / "tuner-cookie-secret"
+    if not path.exists():
+        path.write_bytes(secrets.token_bytes(32))
+        path.chmod(0o600)
+    return path.read_bytes()
+
+
+def adopt_orphans(engine: Engine) -> list[int]:
+    """Run every active sweep of our backends whose controller died."""
+    with engine.db.session() as s:
+        sweeps = list(
+            s.scalars(
+                select(Sweep).where(
+                    Sweep.state.in_(SWEEP_ACTIVE), Sweep.backend.in_(list(engine.backends))
+                )
+            )
+        )
+    adopted = []
+    for sweep in sweeps:
+        if controller_alive(sweep):
+            continue
+        try:
+            engine.run_sweep(sweep.id)
+            adopted.append(sweep.id)
+        except Conflict as exc:
+            log.warning("not resuming sweep %s: %s", sweep.id, exc)
+    return adopted
+
+
+async def serve() -> None:
+    from tuner.registry import Registry
+
+    settings = load_settings().ensure_dirs()
+    db = Database(settings.db_url)
+    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+    host, port = url.hostname or "127.0.0.1", url.port or 10101
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tuner/")
+    trial_api = os.environ.get("TUNEHUB_TRIAL_API_URL") or f"http://{host}:{port}{prefix}"
+    names = [n.strip() for n in os.environ.get("TUNEHUB_BACKENDS", "local").split(",") if n]
+    backends = {name: make_backend(name, settings) for name in names}
+    registry = Registry(db, settings.registry)
+    engine = Engine(db, settings, backends, trial_api, registry)
+    ctx = ServiceContext(
+        engine=engine,
+        store=SweepStore(db, settings),
+        registry=registry,
+        hub_auth=make_hub_auth(),
+        backends=backends,
+        default_backend=names[0],
+    )
+    app = make_app(engine, prefix, ctx, cookie_secret(settings))
+    server = app.listen(port, host, xheaders=True)
+    await engine.start()
+    adopted = adopt_orphans(engine)
+    log.info(
+        "tuner service on http://%s:%s%s (backends: %s; resumed sweeps: %s)",
+        host, port, prefix, ", ".join(names), adopted or "none",
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping: sweeps are left to resume on the next start")
+    server.stop()
+    await engine.close()
+    db.dispose()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("TUNEHUB_LOG_LEVEL", "INFO"),
+        format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s",
+    )
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
