@@ -1,0 +1,33 @@
+"""Turning errors into one line and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from tuner.errors import TunehubError
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+class CliError(Exception):
+    """A message for the user and the exit code that goes with it."""
+
+    def __init__(self, message: str, code: int = EXIT_BAD_INPUT) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def run_guarded(action: Callable[[], int | None]) -> int:
+    try:
+        return action() or 0
+    except KeyboardInterrupt:
+        print("tunehub: interrupted", file=sys.stderr)
+        return 130
+    except CliError as exc:
+        print(f"tunehub: error: {exc}", file=sys.stderr)
+        return exc.code
+    except TunehubError as exc:
+        print(f"tunehub: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT

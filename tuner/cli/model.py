@@ -1,0 +1,126 @@
+"""``tunehub model ...``: list, show, promote, serve."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from rich.table import Table
+
+from tuner.cli import context
+from tuner.cli.errors import CliError
+from tuner.cli.render import console, print_json
+from tuner.registry import Registry
+from tuner.serialize import model_version_view
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("model", help="the model registry")
+    s = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
+
+    ls = s.add_parser("list", help="registered models")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(handler=cmd_list)
+
+    show = s.add_parser("show", help="a model's versions and lineage")
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.set_defaults(handler=cmd_show)
+
+    promote = s.add_parser("promote", help="move a stage to a version")
+    promote.add_argument("name")
+    promote.add_argument("version", type=_version)
+    promote.add_argument("--stage", choices=("production", "canary"), default="production")
+    promote.add_argument("--json", action="store_true", help="machine-readable output")
+    promote.set_defaults(handler=cmd_promote)
+
+    serve = s.add_parser(
+        "serve", help="serve the production version (TensorFlow Serving REST API)"
+    )
+    serve.add_argument("name")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8501)
+    serve.set_defaults(handler=cmd_serve)
+
+
+def _version(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"version must be a positive number, got {text!r}")
+    return int(text)
+
+
+def registry() -> Registry:
+    return Registry(context.database(), context.settings().registry)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    actor = context.actor()
+    models = registry().list_models(owner=None if actor.admin else actor.name)
+    if args.json:
+        print_json(models)
+        return 0
+    if not models:
+        console.print("no models yet: a sweep with promote: {model: NAME} registers one")
+        return 0
+    table = Table(title="Models")
+    for col in ("model", "owner", "versions", "production", "canary", "metric"):
+        table.add_column(col)
+    for m in models:
+        prod = "-" if m["production"] is None else (
+            f"v{m['production']} ({m.get('production_value') or 0:.4g})")
+        table.add_row(m["name"], m["owner"], str(m["versions"]), prod,
+                      "-" if m["canary"] is None else f"v{m['canary']}", m["metric"])
+    console.print(table)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    actor = context.actor()
+    versions = registry().versions(args.name, owner=None if actor.admin else actor.name)
+    views = [model_version_view(v) for v in versions]
+    if args.json:
+        print_json(views)
+        return 0
+    table = Table(title=f"Model {args.name}")
+    for col in ("version", "stage", "metric", "sweep", "trial", "params", "created"):
+        table.add_column(col)
+    for v in views:
+        value = "-" if v["metric_value"] is None else f"{v['metric']}={v['metric_value']:.4g}"
+        params = ", ".join(f"{k}={_short(x)}" for k, x in v["params"].items())
+        table.add_row(str(v["version"]), v["stage"] or "-", value, str(v["sweep_id"] or "-"),
+                      str(v["trial_number"] if v["trial_number"] is not None else "-"), params,
+                      (v["created_at"] or "")[:19])
+    console.print(table)
+    console.print(f"stored under {context.settings().registry / args.name}")
+    return 0
+
+
+def _short(value: object) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    actor = context.actor()
+    row = registry().promote(args.name, args.version, stage=args.stage, actor=actor.name,
+                             is_admin=actor.admin)
+    if args.json:
+        print_json(model_version_view(row))
+    else:
+        console.print(f"{args.name} v{args.version} is now {args.stage}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tuner.serving import serve
+
+    reg = registry()
+    reg.versions(args.name)
+    console.print(
+        f"serving {args.name} (production; labels stable/canary) on "
+        f"http://{args.host}:{args.port}/v1/models/{args.name}:predict  (Ctrl-C stops)"
+    )
+    try:
+        asyncio.run(serve(reg, args.name, args.host, args.port))
+    except OSError as exc:
+        raise CliError(f"--port: cannot listen on {args.host}:{args.port}: {exc.strerror}")
+    return 0

@@ -1,0 +1,78 @@
+"""Where CLI commands act: this machine's database directly, or the tuner service's REST API.
+
+In a tunehub notebook terminal ``TUNEHUB_API_URL`` and the server's hub token are set, and
+the CLI goes through the service like the notebook client does; on a machine without the hub it
+works on ``TUNEHUB_HOME`` directly. Both answer with the same JSON views.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tuner.cli import context
+from tuner.serialize import sweep_view, trial_view
+from tuner.spec import SweepSpec
+
+
+class LocalOps:
+    remote = False
+
+    def submit(self, spec: SweepSpec, backend: str) -> dict[str, Any]:
+        from tuner.backends import make_backend
+
+        be = make_backend(backend, context.settings())
+        return sweep_view(context.store().submit(spec, context.actor(), be))
+
+    def get(self, sweep_id: int) -> dict[str, Any]:
+        return sweep_view(context.store().get(sweep_id, context.actor()))
+
+    def list(self) -> list[dict[str, Any]]:
+        return [sweep_view(s) for s in context.store().list(context.actor())]
+
+    def trials(self, sweep_id: int) -> list[dict[str, Any]]:
+        store, actor = context.store(), context.actor()
+        reports = store.reports(sweep_id, actor)
+        return [trial_view(t, reports.get(t.number, [])) for t in store.trials(sweep_id, actor)]
+
+    def cancel(self, sweep_id: int) -> dict[str, Any]:
+        return sweep_view(context.store().request_cancel(sweep_id, context.actor()))
+
+    def log(self, sweep_id: int, number: int) -> str:
+        path = context.store().log_path(sweep_id, number, context.actor())
+        return path.read_text(errors="replace")
+
+
+class RemoteOps:
+    remote = True
+
+    def __init__(self) -> None:
+        from tuner.client import TunerClient
+
+        self.client = TunerClient()
+
+    def submit(self, spec: SweepSpec, backend: str) -> dict[str, Any]:
+        return dict(self.client.request("POST", "sweeps", {"spec": spec.to_dict(),
+                                                           "backend": backend}))
+
+    def get(self, sweep_id: int) -> dict[str, Any]:
+        return dict(self.client.request("GET", f"sweeps/{sweep_id}"))
+
+    def list(self) -> list[dict[str, Any]]:
+        return list(self.client.request("GET", "sweeps"))
+
+    def trials(self, sweep_id: int) -> list[dict[str, Any]]:
+        return list(self.client.request("GET", f"sweeps/{sweep_id}/trials"))
+
+    def cancel(self, sweep_id: int) -> dict[str, Any]:
+        return dict(self.client.request("POST", f"sweeps/{sweep_id}/cancel"))
+
+    def resume(self, sweep_id: int) -> dict[str, Any]:
+        return dict(self.client.request("POST", f"sweeps/{sweep_id}/resume"))
+
+    def log(self, sweep_id: int, number: int) -> str:
+        return str(self.client.request("GET", f"sweeps/{sweep_id}/trials/{number}/logs"))
+
+
+def ops() -> LocalOps | RemoteOps:
+    return RemoteOps() if os.environ.get("TUNEHUB_API_URL") else LocalOps()

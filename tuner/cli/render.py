@@ -1,0 +1,98 @@
+"""Terminal output: tables, the live progress bar, JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console()
+
+
+def print_json(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def sweeps_table(sweeps: list[dict[str, Any]]) -> Table:
+    table = Table(title="Sweeps")
+    for col in ("id", "name", "owner", "state", "done", "best", "backend", "created"):
+        table.add_column(col)
+    for s in sweeps:
+        done = s["completed"] + s["pruned"] + s["failed"]
+        table.add_row(
+            str(s["id"]), s["name"], s["owner"], s["state"], f"{done}/{s['trials']}",
+            _fmt(s["best_value"]), s["backend"], (s["created_at"] or "")[:19],
+        )
+    return table
+
+
+def leaderboard(sweep: dict[str, Any], trials: list[dict[str, Any]], top: int = 10) -> Table:
+    maximize = sweep.get("direction") != "minimize"
+    scored = [t for t in trials if t["value"] is not None and t["state"] in ("completed", "pruned")]
+    scored.sort(key=lambda t: (t["state"] != "completed", -t["value"] if maximize else t["value"]))
+    params = list((sweep.get("spec") or {}).get("space", {}))
+    table = Table(title=f"Leaderboard: sweep {sweep['id']} ({sweep['name']}), {sweep['metric']}")
+    for col in ("trial", "state", sweep["metric"] or "value", *params, "steps", "seconds"):
+        table.add_column(col)
+    for t in scored[:top]:
+        table.add_row(
+            str(t["number"]), t["state"], _fmt(t["value"]),
+            *(_fmt(t["params"].get(p)) for p in params),
+            _fmt(t["last_step"]), _fmt(t["duration_seconds"]),
+        )
+    return table
+
+
+def summary_line(sweep: dict[str, Any]) -> str:
+    return (
+        f"sweep {sweep['id']} {sweep['state']}: {sweep['completed']} completed, "
+        f"{sweep['pruned']} pruned, {sweep['failed']} failed; best {sweep['metric']} = "
+        f"{_fmt(sweep['best_value'])} (trial {_fmt(sweep['best_trial'])})"
+        + (f"; {sweep['reason']}" if sweep.get("reason") else "")
+    )
+
+
+async def progress_until(
+    task: asyncio.Task[Any], read: Callable[[], dict[str, Any]], quiet: bool = False
+) -> None:
+    """A live bar over finished trials while ``task`` runs (redrawn twice a second)."""
+    if quiet:
+        await task
+        return
+    first = read()
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    ) as bar:
+        bar_id = bar.add_task(f"sweep {first['id']}", total=first["trials"], status="")
+        while not task.done():
+            s = read()
+            done = s["completed"] + s["pruned"] + s["failed"]
+            status = (
+                f"best {_fmt(s['best_value'])}  ok {s['completed']}  pruned {s['pruned']}"
+                f"  failed {s['failed']}"
+            )
+            bar.update(bar_id, completed=done, status=status)
+            await asyncio.wait([task], timeout=0.5)
+        s = read()
+        bar.update(bar_id, completed=s["completed"] + s["pruned"] + s["failed"])
+    await task

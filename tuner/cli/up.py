@@ -1,0 +1,234 @@
+"""``tunehub up``: the whole platform on this machine.
+
+Starts JupyterHub with the repository's ``jupyterhub_config.py``; the hub starts the proxy
+(configurable-http-proxy from PyPI), the tuner service and the idle culler as its children. The
+first run creates an admin account and prints its password once (only a hash is kept); later
+runs reuse ``$TUNEHUB_HOME`` (accounts, the hub's database, sweeps, models). Ctrl-C stops the
+hub, which stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from tuner.cli.errors import EXIT_FAILED, CliError
+
+REPO_CONFIG = Path(__file__).resolve().parents[2] / "jupyterhub_config.py"
+ADMIN = "admin"
+READY_TIMEOUT = 180.0
+STOP_TIMEOUT = 60.0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "up", help="start the hub, proxy, tuner service and idle culler on this machine"
+    )
+    p.add_argument("--ip", default=os.environ.get("TUNEHUB_IP") or "127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for the network)")
+    p.add_argument("--port", type=_port, default=_port(os.environ.get("TUNEHUB_PORT") or "8000"),
+                   help="port of the URL people open (default 8000)")
+    p.add_argument("--config", type=Path, default=REPO_CONFIG,
+                   help="JupyterHub config file (default: the repository's jupyterhub_config.py)")
+    p.add_argument("--reset-admin-password", action="store_true",
+                   help="give the admin account a new random password and print it")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show the hub's log here instead of writing it to a file")
+    p.set_defaults(handler=cmd_up)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"port must be a number from 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _check_port_free(ip: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((ip, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CliError(f"--port: {ip}:{port} is already in use; pick another port "
+                               "(is tunehub already up?)") from None
+            raise CliError(f"--ip: cannot listen on {ip}:{port}: {exc.strerror}") from None
+
+
+def ensure_admin(accounts_file: Path, reset: bool) -> str | None:
+    """Create the admin account on first run (or give it a new password); returns the
+    password to print once, or ``None`` when nothing changed."""
+    from hub.accounts import AccountStore, random_password
+
+    store = AccountStore(accounts_file)
+    password = random_password()
+    if store.get(ADMIN) is None and not store.has_admin():
+        store.create(ADMIN, password, admin=True)
+        return password
+    if reset:
+        if store.get(ADMIN) is None:
+            store.create(ADMIN, password, admin=True)
+        else:
+            store.set_password(ADMIN, password)
+            store.set_admin(ADMIN, True)
+        return password
+    return None
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from hub.options import TunehubHub
+    from tuner.settings import load_settings
+
+    if not args.config.is_file():
+        raise CliError(f"--config: {args.config} not found (run from a tunehub checkout, or "
+                       "pass the hub config file)")
+    _check_port_free(args.ip, args.port)
+    settings = load_settings().ensure_dirs()
+    env = {
+        **os.environ,
+        "TUNEHUB_HOME": str(settings.home),
+        "TUNEHUB_MODE": "local",
+        "TUNEHUB_IP": args.ip,
+        "TUNEHUB_PORT": str(args.port),
+        "TUNEHUB_HUB_PORT": os.environ.get("TUNEHUB_HUB_PORT") or str(free_port()),
+        "TUNEHUB_PROXY_API_PORT": os.environ.get("TUNEHUB_PROXY_API_PORT") or str(free_port()),
+        "TUNEHUB_TUNER_PORT": os.environ.get("TUNEHUB_TUNER_PORT") or str(free_port()),
+    }
+    os.environ.update(env)  # so the hub options below resolve as the hub will
+    opts = TunehubHub()
+    state = Path(opts.state_dir)
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    password = ensure_admin(state / "accounts.json", args.reset_admin_password)
+
+    log_path = state / "hub.log"
+    jupyterhub = Path(sys.executable).with_name("jupyterhub")
+    cmd = [str(jupyterhub) if jupyterhub.exists() else "jupyterhub", "-f", str(args.config)]
+    log = None if args.verbose else open(log_path, "ab")
+    proc = subprocess.Popen(
+        cmd, cwd=state, env=env, stdin=subprocess.DEVNULL, stdout=log,
+        stderr=subprocess.STDOUT if log else None,
+        start_new_session=True,  # Ctrl-C reaches us; we stop the hub in order
+    )
+    stopping = _install_stop_handlers()
+    try:
+        _wait_ready(proc, opts.public_url, log_path if log else None, stopping)
+        _announce(opts.public_url, args.ip, password, log_path if log else None, settings.home)
+        while proc.poll() is None and not stopping:
+            time.sleep(0.5)  # waiting on the hub or a stop signal, whichever comes first
+        if proc.poll() is not None:
+            _print_tail(log_path if log else None)
+            raise CliError(f"the hub stopped unexpectedly (exit {proc.returncode})",
+                           EXIT_FAILED)
+        return 0
+    finally:
+        _stop(proc)
+        _stop_leftover_proxy(state / "proxy.pid")
+        if log:
+            log.close()
+
+
+def _install_stop_handlers() -> list[int]:
+    """Ctrl-C and SIGTERM set a flag the main loop checks; the hub is then stopped cleanly."""
+    received: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return received
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path | None,
+                stopping: list[int]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not stopping:
+        if proc.poll() is not None:
+            _print_tail(log_path)
+            raise CliError(f"the hub failed to start (exit {proc.returncode})"
+                           + (f"; see {log_path}" if log_path else ""), EXIT_FAILED)
+        try:
+            if httpx.get(f"{url}hub/api/", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise CliError(f"the hub did not answer at {url} within {READY_TIMEOUT:.0f}s"
+                           + (f"; see {log_path}" if log_path else ""), EXIT_FAILED)
+        time.sleep(0.25)  # poll interval while the hub starts
+    raise KeyboardInterrupt
+
+
+def _announce(url: str, ip: str, password: str | None, log_path: Path | None,
+              home: Path) -> None:
+    lines = [f"tunehub is up: {url}"]
+    if password:
+        lines += [f"  login:    {ADMIN} / {password}",
+                  "            (shown once; only a hash is kept. Add people on the Accounts "
+                  "page.)"]
+    else:
+        lines += [f"  login:    {ADMIN} (password from the first run; "
+                  "forgot it? tunehub up --reset-admin-password)"]
+    lines += [f"  sweeps:   {url}services/tuner/", f"  state:    {home}"]
+    if log_path:
+        lines.append(f"  hub log:  {log_path}")
+    if ip in ("0.0.0.0", "::"):
+        lines.append("  note:     listening on the network over plain HTTP; put TLS in front")
+    lines.append("Ctrl-C stops everything.")
+    print("\n".join(lines), flush=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the hub: it stops notebook servers, services and the proxy, then exits.
+    Whatever is left of its process group after the grace period is killed."""
+    if proc.poll() is None:
+        print("stopping tunehub ...", flush=True)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _stop_leftover_proxy(pid_file: Path) -> None:
+    """A hub that fails while starting exits without stopping the proxy it launched; that
+    proxy (recorded in our state directory) would hold the port, so stop it."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if b"configurable-http-proxy" in cmdline:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def _print_tail(path: Path | None, lines: int = 15) -> None:
+    """The end of the hub's log, before the one-line error, so the cause is on screen."""
+    if path is not None and path.exists():
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        print("\n".join(tail), file=sys.stderr, flush=True)

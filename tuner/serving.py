@@ -1,0 +1,217 @@
+"""``tunehub model serve NAME``: TensorFlow Serving's REST API for the registry's versions.
+
+Clients written for TensorFlow Serving work unchanged: ``POST /v1/models/NAME:predict`` (the
+production version), ``/versions/N:predict``, ``/labels/stable|canary:predict``, row
+(``instances``) and columnar (``inputs``) requests, ``GET /v1/models/NAME`` for status. A
+promotion is picked up without a restart (the stage is re-read at most every two seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import tornado.web
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+from tuner.errors import NotFound
+from tuner.registry import Registry
+
+STAGE_TTL = 2.0
+LABELS = {"stable": "production", "production": "production", "canary": "canary"}
+
+PREDICTIONS = Counter(
+    "tunehub_serving_requests_total", "Predict requests", ["model", "version", "code"]
+)
+LATENCY = Histogram("tunehub_serving_latency_seconds", "Predict latency", ["model"])
+
+
+class BadRequest(Exception):
+    """A predict request TensorFlow Serving would answer with 400."""
+
+
+class ModelServer:
+    """Loaded versions of one model and the stage lookup."""
+
+    def __init__(self, registry: Registry, model: str) -> None:
+        self.registry = registry
+        self.model = model
+        self._loaded: dict[int, Any] = {}
+        self._stages: dict[str, tuple[float, int | None]] = {}
+
+    def version_for(self, stage: str) -> int:
+        cached = self._stages.get(stage)
+        if cached is None or time.monotonic() - cached[0] > STAGE_TTL:
+            row = self.registry.at_stage(self.model, stage)
+            cached = (time.monotonic(), row.version if row else None)
+            self._stages[stage] = cached
+        if cached[1] is None:
+            raise NotFound(f"model {self.model} has no {stage} version")
+        return cached[1]
+
+    def load(self, version: int) -> Any:
+        if version not in self._loaded:
+            import tensorflow as tf
+
+            row = self.registry.get(self.model, version)
+            self._loaded[version] = tf.saved_model.load(row.path)
+        return self._loaded[version]
+
+    def predict(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+        import tensorflow as tf
+
+        loaded = self.load(version)
+        name = body.get("signature_name", "serving_default")
+        if name not in loaded.signatures:
+            raise BadRequest(f"signature_name {name!r} not found; the model has "
+                             f"{', '.join(sorted(loaded.signatures))}")
+        fn = loaded.signatures[name]
+        specs = fn.structured_input_signature[1]
+        rows = "instances" in body
+        data = body.get("instances", body.get("inputs"))
+        if data is None:
+            raise BadRequest("the request needs 'instances' (row format) or 'inputs' "
+                             "(columnar format)")
+        if isinstance(data, dict):
+            feeds = data
+        elif rows and data and isinstance(data[0], dict):
+            feeds = {k: [row[k] for row in data] for k in data[0]}
+        elif len(specs) == 1:
+            feeds = {next(iter(specs)): data}
+        else:
+            raise BadRequest(f"this signature takes named inputs: {', '.join(sorted(specs))}")
+        tensors = {}
+        for key, spec in specs.items():
+            if key not in feeds:
+                raise BadRequest(f"missing input {key!r}")
+            try:
+                value = np.asarray(feeds[key], dtype=spec.dtype.as_numpy_dtype)
+            except (TypeError, ValueError):
+                raise BadRequest(f"input {key!r} is not a {spec.dtype.name} array") from None
+            if not spec.shape.is_compatible_with(value.shape):
+                raise BadRequest(
+                    f"input {key!r} has shape {list(value.shape)}, the model expects "
+                    f"{spec.shape.as_list()} (None = any)"
+                )
+            tensors[key] = tf.constant(value)
+        outputs = {k: v.numpy().tolist() for k, v in fn(**tensors).items()}
+        single = next(iter(outputs.values())) if len(outputs) == 1 else None
+        if rows:
+            return {"predictions": single if single is not None else [
+                {k: outputs[k][i] for k in outputs} for i in range(len(data))]}
+        return {"outputs": single if single is not None else outputs}
+
+
+class _Handler(tornado.web.RequestHandler):
+    def initialize(self, server: ModelServer) -> None:
+        self.server = server
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json")
+
+    def fail(self, status: int, message: str) -> None:
+        self.set_status(status)
+        self.finish(json.dumps({"error": message}))
+
+    def check_model(self, name: str) -> bool:
+        if name != self.server.model:
+            self.fail(404, f"Servable not found for request: Latest({name})")
+            return False
+        return True
+
+
+class PredictHandler(_Handler):
+    async def post(self, name: str, version: str | None, label: str | None) -> None:
+        if not self.check_model(name):
+            return
+        started = time.perf_counter()
+        try:
+            body = json.loads(self.request.body or b"")
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            if version is not None:
+                number = int(version)
+                self.server.registry.get(name, number)
+            elif label is not None:
+                if label not in LABELS:
+                    raise BadRequest(f"unknown label {label!r}; use stable or canary")
+                number = self.server.version_for(LABELS[label])
+            else:
+                number = self.server.version_for("production")
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(None, self.server.predict, number, body)
+        except json.JSONDecodeError:
+            self.fail(400, "the request body is not valid JSON")
+            PREDICTIONS.labels(name, version or label or "production", "400").inc()
+            return
+        except BadRequest as exc:
+            self.fail(400, str(exc))
+            PREDICTIONS.labels(name, version or label or "production", "400").inc()
+            return
+        except NotFound as exc:
+            self.fail(404, str(exc))
+            PREDICTIONS.labels(name, version or label or "production", "404").inc()
+            return
+        PREDICTIONS.labels(name, str(number), "200").inc()
+        LATENCY.labels(name).observe(time.perf_counter() - started)
+        self.finish(json.dumps(result))
+
+
+class StatusHandler(_Handler):
+    def get(self, name: str, version: str | None = None) -> None:
+        if not self.check_model(name):
+            return
+        try:
+            rows = self.server.registry.versions(name)
+        except NotFound as exc:
+            self.fail(404, str(exc))
+            return
+        if version is not None:
+            rows = [r for r in rows if r.version == int(version)]
+            if not rows:
+                self.fail(404, f"model {name} has no version {version}")
+                return
+        status = [
+            {
+                "version": str(r.version),
+                "state": "AVAILABLE" if r.stage in ("production", "canary") else "END",
+                "status": {"error_code": "OK", "error_message": ""},
+                "stage": r.stage,
+            }
+            for r in rows
+        ]
+        self.finish(json.dumps({"model_version_status": status}))
+
+
+class MetricsHandler(tornado.web.RequestHandler):
+    def get(self) -> None:
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest())
+
+
+def make_app(registry: Registry, model: str) -> tornado.web.Application:
+    server = ModelServer(registry, model)
+    kw = {"server": server}
+    name = r"([a-z0-9-]+)"
+    return tornado.web.Application(
+        [
+            (rf"/v1/models/{name}(?:/versions/(\d+))?(?:/labels/([a-z]+))?:predict",
+             PredictHandler, kw),
+            (rf"/v1/models/{name}(?:/versions/(\d+))?", StatusHandler, kw),
+            (r"/metrics", MetricsHandler),
+        ]
+    )
+
+
+async def serve(registry: Registry, model: str, host: str, port: int) -> None:
+    """Serve until cancelled."""
+    registry.versions(model)  # an unknown model is an error now, not at the first request
+    app = make_app(registry, model)
+    server = app.listen(port, host)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        server.stop()
