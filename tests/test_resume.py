@@ -1,0 +1,88 @@
+"""A controller killed with SIGKILL mid-sweep: resume finishes the sweep with exactly
+``trials`` trials, no duplicates, nothing completed lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import optuna
+from sqlalchemy import select
+
+from tests.conftest import Home
+from tests.polling import wait_for
+from tests.sweeps_helpers import parse_json, write_sweep
+from tuner.db import Database, Sweep, Trial
+
+SLOW = """
+import time, tuner
+p = tuner.params()
+for step in range(1, 5):
+    time.sleep(0.25)  # the workload: a slow epoch
+    tuner.report(p["x"] + step, step=step)
+"""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_then_resume_finishes_exactly(home: Home, tmp_path: Path) -> None:
+    spec = write_sweep(tmp_path / "code", SLOW, trials=8, parallelism=2, max_retries=0)
+    submitted = parse_json(home.cli("sweep", "run", str(spec), "--json", check=True).stdout)
+    sweep_id, controller = submitted["id"], submitted["controller_pid"]
+    db = Database(home.db_url)
+
+    def trials() -> list[Trial]:
+        with db.session() as s:
+            return list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id)))
+
+    # Kill while some trials are done and others are running.
+    wait_for(
+        lambda: sum(t.state == "completed" for t in trials()) >= 2
+        and any(t.state == "running" for t in trials()),
+        what="two completed trials and one running",
+    )
+    os.kill(controller, signal.SIGKILL)
+    wait_for(lambda: not _pid_alive(controller), what="controller to die")
+    before = {t.number: t.value for t in trials() if t.state == "completed"}
+    running_pids = [
+        int(p.read_text()) for p in (home.path / "sweeps" / str(sweep_id)).rglob("attempt-*.pid")
+    ]
+    # Trials die with their controller instead of reporting into the void.
+    wait_for(lambda: not any(_pid_alive(p) for p in running_pids), what="trials to die")
+
+    out = parse_json(home.cli("sweep", "resume", str(sweep_id), "--wait", "--json").stdout)
+    assert out["state"] == "completed"
+    numbers = [t["number"] for t in out["trials_detail"]]
+    assert sorted(numbers) == list(range(8)), numbers
+    assert all(t["state"] == "completed" for t in out["trials_detail"])
+    after = {t["number"]: t["value"] for t in out["trials_detail"]}
+    for number, value in before.items():
+        assert after[number] == value
+    restarted = [t for t in out["trials_detail"] if t["attempts"] > 1]
+    assert restarted, "the trials running at the kill were run again"
+    with db.session() as s:
+        sweep = s.get(Sweep, sweep_id)
+        assert sweep is not None
+        study = optuna.load_study(study_name=sweep.study_name, storage=home.db_url)
+    assert len(study.trials) == 8
+    assert {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
+    assert out["completed"] == 8
+
+
+def test_resume_refuses_finished_and_running_sweeps(sqlite_home: Home, tmp_path: Path) -> None:
+    spec = write_sweep(tmp_path / "code", SLOW, trials=1, parallelism=1)
+    out = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json").stdout)
+    proc = sqlite_home.cli("sweep", "resume", str(out["id"]), "--wait")
+    assert proc.returncode == 2
+    expected = f"tunehub: error: sweep {out['id']} is completed; nothing to resume"
+    assert proc.stderr.strip() == expected
