@@ -1,0 +1,39 @@
+"""What every notebook server gets, whichever spawner starts it: JupyterLab, the busy-kernel
+activity extension, the data store path and the tuner API's address.
+
+The tuner client in a notebook (``tuner.Sweep.submit``) reads ``TUNEHUB_API_URL`` and
+authenticates with the server's ``JUPYTERHUB_API_TOKEN``, whose tuner scopes come from
+:func:`hub.scopes.configure` (``server_token_scopes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ENV_API_URL = "TUNEHUB_API_URL"
+ENV_DATA = "TUNEHUB_DATA"
+
+# jupyterhub-singleuser arguments: our extension on top of the ones the server enables itself.
+SINGLEUSER_ARGS = ["--ServerApp.jpserver_extensions={'hub.busy_activity': True}"]
+
+
+def notebook_environment(
+    api_url: str, data_path: str, activity_interval: int | None = None
+) -> dict[str, str]:
+    """Environment of a notebook server (and so of its kernels and terminals).
+
+    ``data_path`` is where the shared data store is mounted; trials see it at the same path, so a
+    path that works in a cell works in a trial. ``activity_interval`` (seconds) is how often the
+    server reports its activity to the hub: it bounds how stale the culler's view can be.
+    """
+    env = {ENV_API_URL: api_url, ENV_DATA: data_path}
+    if activity_interval:
+        env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(activity_interval)
+    return env
+
+
+def configure(c: Any, api_url: str, data_path: str, activity_interval: int | None) -> None:
+    """Spawner settings common to the local and the Kubernetes mode."""
+    c.Spawner.default_url = "/lab"
+    c.Spawner.environment.update(notebook_environment(api_url, data_path, activity_interval))
+    c.Spawner.args = [*c.Spawner.get("args", []), *SINGLEUSER_ARGS]

@@ -1,0 +1,64 @@
+"""Who may use the tuner: custom scopes, roles, and what a notebook's token carries.
+
+The tuner service only *checks* scopes (``tuner.api.auth``); the hub grants them:
+
+- every user: ``custom:tuner:read`` and ``custom:tuner:submit`` (their own sweeps and models)
+  plus access to the tuner service;
+- tuner admins: also ``custom:tuner:admin`` (everyone's sweeps and models): the admin accounts
+  (JupyterHub does not let a config extend its built-in ``admin`` role) and members of the hub
+  group ``tuner-admins``;
+- a notebook server's ``JUPYTERHUB_API_TOKEN``: the tuner scopes of its owner, so
+  ``tuner.Sweep.submit(...)`` works from a cell without asking for a token. The hub gives a token
+  only the scopes its owner holds, so listing the admin scope here is safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.api.auth import ADMIN, READ, SCOPES, SUBMIT
+
+
+def access_scope(service_name: str) -> str:
+    return f"access:services!service={service_name}"
+
+
+def user_scopes(service_name: str) -> list[str]:
+    """What every user may do on the tuner (added to the hub's ``user`` role)."""
+    return [READ, SUBMIT, access_scope(service_name)]
+
+
+def server_token_scopes(service_name: str) -> list[str]:
+    """The notebook server's own token: the hub's defaults plus the tuner."""
+    return [
+        "access:servers!server",
+        "users:activity!user",
+        READ,
+        SUBMIT,
+        ADMIN,
+        access_scope(service_name),
+    ]
+
+
+ADMIN_GROUP = "tuner-admins"
+
+
+def admin_role(admins: list[str]) -> dict[str, Any]:
+    """Tuner administration for ``admins`` and the ``tuner-admins`` group."""
+    return {
+        "name": "tuner-admin",
+        "description": "See and change every user's sweeps and models",
+        "scopes": [ADMIN, "access:services!service=tuner"],
+        "users": sorted(admins),
+        "groups": [ADMIN_GROUP],
+    }
+
+
+def configure(c: Any, service_name: str, admins: list[str]) -> None:
+    c.JupyterHub.custom_scopes = {
+        name: {"description": text} for name, text in SCOPES.items()
+    }
+    c.JupyterHub.extra_user_scopes = user_scopes(service_name)
+    c.JupyterHub.load_groups = {**c.JupyterHub.get("load_groups", {}), ADMIN_GROUP: {}}
+    c.JupyterHub.load_roles = [*c.JupyterHub.get("load_roles", []), admin_role(admins)]
+    c.Spawner.server_token_scopes = server_token_scopes(service_name)

@@ -1,0 +1,89 @@
+"""tunehub's JupyterHub configuration, for both modes.
+
+Only wiring lives here: every choice and its reason is in a module of ``hub/``. Settings come
+from ``TUNEHUB_*`` environment variables (see ``hub/options.py``; ``tunehub up`` sets them) or
+from ``c.TunehubHub.<option>`` in a config file loaded before this one.
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+from hub import culler, local_spawner, notebook, scopes, tuner_service
+from hub.accounts import AccountStore
+from hub.auth import TunehubAuthenticator
+from hub.options import TunehubHub
+
+c = get_config()  # noqa: F821 -- provided by JupyterHub when it loads this file
+
+opts = TunehubHub(config=c)
+settings = opts.settings.ensure_dirs()
+state = Path(opts.state_dir)
+state.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+# --- the hub, its state, its pages ----------------------------------------------------------
+c.JupyterHub.bind_url = f"http://{opts.ip}:{opts.port}/"
+c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{opts.hub_port}"
+c.JupyterHub.db_url = opts.db_url
+c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
+c.JupyterHub.template_paths = [str(Path(local_spawner.__file__).parent / "templates")]
+sweeps_url = tuner_service.sweeps_page_url()
+c.JupyterHub.template_vars = {"tunehub_sweeps_url": sweeps_url, "tunehub_accounts": True}
+
+# --- the proxy: configurable-http-proxy from PyPI (no Node.js) ------------------------------
+chp = Path(sys.executable).with_name("configurable-http-proxy")
+c.ConfigurableHTTPProxy.command = [str(chp) if chp.exists() else
+                                   shutil.which("configurable-http-proxy") or str(chp)]
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{opts.proxy_api_port}"
+c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
+
+# --- logins ----------------------------------------------------------------------------------
+c.JupyterHub.authenticator_class = TunehubAuthenticator
+c.TunehubAuthenticator.accounts_file = str(state / "accounts.json")
+
+# --- who may use the tuner -------------------------------------------------------------------
+admins = [a.name for a in AccountStore(state / "accounts.json").all() if a.admin]
+scopes.configure(c, tuner_service.SERVICE_NAME, admins)
+
+# --- notebook servers ------------------------------------------------------------------------
+notebook.configure(
+    c,
+    api_url=f"{opts.public_url}services/{tuner_service.SERVICE_NAME}/",
+    data_path=str(settings.data),
+    activity_interval=opts.activity_interval,
+)
+if opts.mode == "kubernetes":
+    from hub import kube  # KubeSpawner, profiles, volumes: the Kubernetes mode's own module
+
+    kube.configure_kubespawner(c)
+    profiles = kube.profiles_for_culler(c)
+else:
+    c.JupyterHub.spawner_class = local_spawner.TunehubLocalSpawner
+    c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+    c.Spawner.start_timeout = 120
+    c.Spawner.http_timeout = 120
+    profiles = local_spawner.default_profiles(len(local_spawner.discover_gpus()[0]))
+    c.TunehubLocalSpawner.profiles = profiles
+
+# --- hub-managed services: the tuner, the idle culler ----------------------------------------
+c.JupyterHub.services = [
+    tuner_service.service_definition(
+        f"http://127.0.0.1:{opts.tuner_port}",
+        tuner_service.service_environment(settings),
+        opts.tuner_command,
+    )
+]
+if opts.cpu_idle_timeout > 0:
+    c.JupyterHub.services.append(
+        culler.service_definition(
+            api_url=f"http://127.0.0.1:{opts.hub_port}/hub/api",
+            cpu_timeout=opts.cpu_idle_timeout,
+            gpu_timeout=opts.gpu_idle_timeout,
+            gpu_profiles=[p["slug"] for p in profiles if p.get("gpus")],
+            default_profile=next((p["slug"] for p in profiles if p.get("default")),
+                                 profiles[0]["slug"] if profiles else ""),
+            cull_every=opts.cull_every,
+        )
+    )
+    c.JupyterHub.load_roles.append(culler.culler_role())

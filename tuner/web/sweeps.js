@@ -1,0 +1,290 @@
+// The sweeps page: the signed-in user's sweeps, a sweep's trials and charts, promoted models.
+// Plain JS against the tuner's REST API with the hub login cookie (same origin); it polls
+// quickly while something runs and slowly otherwise.
+"use strict";
+
+const BASE = location.pathname.replace(/[^/]*$/, ""); // .../services/tuner/
+const API = BASE + "api/v1/";
+const HUB = BASE.replace(/services\/[^/]+\/$/, "") + "hub/";
+const ACTIVE = new Set(["queued", "running", "cancelling", "pending"]);
+const FAST_MS = 2000;
+const SLOW_MS = 15000;
+
+const state = { sweeps: [], selected: null, timer: null };
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+async function getJSON(path) {
+  const response = await fetch(API + path, {
+    credentials: "same-origin",
+    headers: { Accept: "application/json" },
+  });
+  if (response.status === 401 || response.status === 403) {
+    // The login expired or lacks the tuner scopes: go through the hub's login again.
+    location.reload();
+    throw new Error("not signed in");
+  }
+  if (!response.ok) {
+    let message = `${response.status} ${response.statusText}`;
+    try {
+      message = (await response.json()).error || message;
+    } catch (_) { /* not JSON */ }
+    throw new Error(`${path}: ${message}`);
+  }
+  return response.json();
+}
+
+// --- formatting ---------------------------------------------------------------------------
+
+function fmtValue(value) {
+  if (value === null || value === undefined) return "–";
+  if (Math.abs(value) >= 1000 || (Math.abs(value) < 0.001 && value !== 0)) {
+    return value.toExponential(3);
+  }
+  return value.toFixed(4);
+}
+
+function fmtTime(iso) {
+  if (!iso) return "–";
+  const date = new Date(iso);
+  return date.toLocaleString(undefined, {
+    month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
+  });
+}
+
+function fmtDuration(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 60) return `${seconds.toFixed(1)} s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)} m ${Math.round(seconds % 60)} s`;
+  return `${Math.floor(seconds / 3600)} h ${Math.round((seconds % 3600) / 60)} m`;
+}
+
+function fmtParams(params) {
+  return Object.entries(params || {})
+    .map(([k, v]) => `${k}=${typeof v === "number" && !Number.isInteger(v) ? fmtValue(v) : v}`)
+    .join(", ");
+}
+
+function badge(text) {
+  return el("span", { class: `badge state-${text}` }, text);
+}
+
+// --- sweeps list --------------------------------------------------------------------------
+
+function renderSweeps() {
+  const body = $("sweeps").querySelector("tbody");
+  body.replaceChildren();
+  $("no-sweeps").hidden = state.sweeps.length > 0;
+  $("sweeps").hidden = state.sweeps.length === 0;
+  for (const sweep of state.sweeps) {
+    const done = sweep.completed + sweep.pruned + sweep.failed;
+    const pct = sweep.trials ? Math.round((100 * done) / sweep.trials) : 0;
+    const row = el(
+      "tr",
+      {
+        class: sweep.id === state.selected ? "selected" : "",
+        dataset: { sweepId: sweep.id },
+        tabindex: "0",
+        onclick: () => select(sweep.id),
+        onkeydown: (e) => { if (e.key === "Enter") select(sweep.id); },
+      },
+      el("td", {}, sweep.id),
+      el("td", {}, el("a", { href: `#sweep=${sweep.id}` }, sweep.name)),
+      el("td", {}, sweep.owner),
+      el("td", {}, badge(sweep.state)),
+      el("td", {},
+        el("div", { class: "progress", title: `${done} of ${sweep.trials} trials` },
+          el("div", { class: "bar", style: `width:${pct}%` })),
+        el("span", { class: "muted small" }, ` ${done}/${sweep.trials}`)),
+      el("td", {}, sweep.best_value === null ? "–"
+        : `${fmtValue(sweep.best_value)} (#${sweep.best_trial})`),
+      el("td", {}, fmtTime(sweep.created_at)),
+    );
+    body.append(row);
+  }
+}
+
+function select(id) {
+  state.selected = id;
+  if (location.hash !== `#sweep=${id}`) history.replaceState(null, "", `#sweep=${id}`);
+  refresh();
+}
+
+// --- one sweep ----------------------------------------------------------------------------
+
+function renderDetail(sweep, trials, versions) {
+  $("detail").hidden = false;
+  $("detail-title").textContent = `Sweep ${sweep.id}: ${sweep.name}`;
+  const stateBadge = $("detail-state");
+  stateBadge.textContent = sweep.state;
+  stateBadge.className = `badge state-${sweep.state}`;
+  const best = sweep.best_value === null ? "no result yet"
+    : `best ${sweep.metric} ${fmtValue(sweep.best_value)} (trial #${sweep.best_trial})`;
+  $("detail-summary").textContent =
+    `${sweep.direction} ${sweep.metric} · ${sweep.completed} completed, ${sweep.pruned} pruned, ` +
+    `${sweep.failed} failed of ${sweep.trials} · ${best} · owner ${sweep.owner}`;
+  const reason = $("detail-reason");
+  reason.hidden = !sweep.reason;
+  reason.replaceChildren();
+  if (sweep.reason) reason.append(sweep.reason);
+  for (const v of versions) {
+    reason.hidden = false;
+    reason.append(el("span", { class: "model-chip" },
+      `${v.model} v${v.version}`, v.stage ? el("b", {}, ` ${v.stage}`) : null));
+  }
+
+  const body = $("trials").querySelector("tbody");
+  body.replaceChildren();
+  for (const t of trials) {
+    const isBest = t.number === sweep.best_trial && t.state === "completed";
+    body.append(el("tr", { class: isBest ? "best" : "", dataset: { trial: t.number } },
+      el("td", {}, t.number),
+      el("td", {}, badge(t.state)),
+      el("td", { class: "num" }, fmtValue(t.value)),
+      el("td", { class: "params" }, fmtParams(t.params)),
+      el("td", { class: "num" }, t.attempts),
+      el("td", { class: "num" }, fmtDuration(t.duration_seconds)),
+      el("td", { class: "muted" }, t.reason || (isBest ? "best" : "")),
+    ));
+  }
+  drawHistory(sweep, trials);
+  drawCurves(sweep, trials);
+}
+
+const PLOT_LAYOUT = {
+  margin: { l: 56, r: 16, t: 8, b: 44 },
+  height: 280,
+  paper_bgcolor: "rgba(0,0,0,0)",
+  plot_bgcolor: "rgba(0,0,0,0)",
+  font: { family: "system-ui, sans-serif", size: 12, color: "#333" },
+  legend: { orientation: "h", y: -0.25 },
+  xaxis: { gridcolor: "#eee", zeroline: false },
+  yaxis: { gridcolor: "#eee", zeroline: false },
+};
+
+function plot(id, traces, xTitle, yTitle) {
+  if (!window.Plotly) return;
+  const layout = structuredClone(PLOT_LAYOUT);
+  layout.xaxis.title = { text: xTitle };
+  layout.yaxis.title = { text: yTitle };
+  Plotly.react($(id), traces, layout, { displaylogo: false, responsive: true });
+}
+
+function drawHistory(sweep, trials) {
+  // Like optuna.visualization.plot_optimization_history: each trial's value and the best so far.
+  const done = trials.filter((t) => t.state === "completed" && t.value !== null)
+    .sort((a, b) => a.number - b.number);
+  const better = sweep.direction === "minimize" ? Math.min : Math.max;
+  let best = null;
+  const bestSoFar = done.map((t) => (best = best === null ? t.value : better(best, t.value)));
+  plot("history-chart", [
+    { x: done.map((t) => t.number), y: done.map((t) => t.value), mode: "markers",
+      name: "trial value", marker: { color: "#1f77b4", size: 8 },
+      hovertemplate: "trial %{x}<br>%{y}<extra></extra>" },
+    { x: done.map((t) => t.number), y: bestSoFar, mode: "lines", name: "best so far",
+      line: { color: "#d62728", shape: "hv" } },
+  ], "trial", sweep.metric || "value");
+}
+
+function drawCurves(sweep, trials) {
+  const traces = trials
+    .filter((t) => (t.intermediate_values || []).length > 0)
+    .map((t) => ({
+      x: t.intermediate_values.map((p) => p.step),
+      y: t.intermediate_values.map((p) => p.value),
+      mode: "lines+markers",
+      name: `#${t.number} ${t.state}`,
+      opacity: t.state === "pruned" ? 0.45 : 1,
+      line: { dash: t.state === "pruned" ? "dot" : "solid" },
+      marker: { size: 4 },
+    }));
+  plot("curves-chart", traces, "step", sweep.metric || "value");
+}
+
+// --- models -------------------------------------------------------------------------------
+
+async function loadPromotedVersions() {
+  const models = await getJSON("models");
+  const names = models.map((m) => (typeof m === "string" ? m : m.name || m.model));
+  const lists = await Promise.all(names.map((n) => getJSON(`models/${encodeURIComponent(n)}`)));
+  return lists.flat();
+}
+
+function renderModels(versions) {
+  const promoted = versions.filter((v) => v.stage)
+    .sort((a, b) => a.model.localeCompare(b.model) || b.version - a.version);
+  $("no-models").hidden = promoted.length > 0;
+  $("models").hidden = promoted.length === 0;
+  const body = $("models").querySelector("tbody");
+  body.replaceChildren();
+  for (const v of promoted) {
+    body.append(el("tr", { dataset: { model: v.model, version: v.version } },
+      el("td", {}, v.model),
+      el("td", { class: "num" }, v.version),
+      el("td", {}, badge(v.stage)),
+      el("td", {}, `${v.metric} ${fmtValue(v.metric_value)}`),
+      el("td", {}, v.sweep_id === null ? "–" : el("a", { href: `#sweep=${v.sweep_id}` },
+        `sweep ${v.sweep_id}, trial #${v.trial_number}`)),
+      el("td", {}, fmtTime(v.promoted_at)),
+      el("td", { class: "path" }, v.path),
+    ));
+  }
+}
+
+// --- refresh loop -------------------------------------------------------------------------
+
+async function refresh() {
+  clearTimeout(state.timer);
+  let busy = false;
+  try {
+    state.sweeps = await getJSON("sweeps");
+    state.sweeps.sort((a, b) => b.id - a.id);
+    if (state.selected === null && state.sweeps.length) state.selected = state.sweeps[0].id;
+    renderSweeps();
+    busy = state.sweeps.some((s) => ACTIVE.has(s.state));
+    const versions = await loadPromotedVersions();
+    renderModels(versions);
+    const sweep = state.sweeps.find((s) => s.id === state.selected);
+    if (sweep) {
+      const trials = await getJSON(`sweeps/${sweep.id}/trials`);
+      renderDetail(sweep, trials, versions.filter((v) => v.sweep_id === sweep.id && v.stage));
+    } else {
+      $("detail").hidden = true;
+    }
+    $("error").hidden = true;
+    $("refresh-status").textContent =
+      `updated ${new Date().toLocaleTimeString()}${busy ? " · live" : ""}`;
+  } catch (err) {
+    $("error").textContent = `Could not load: ${err.message}`;
+    $("error").hidden = false;
+  }
+  state.timer = setTimeout(refresh, busy ? FAST_MS : SLOW_MS);
+}
+
+function selectFromHash() {
+  const match = location.hash.match(/sweep=(\d+)/);
+  if (match) state.selected = Number(match[1]);
+}
+
+window.addEventListener("hashchange", () => { selectFromHash(); refresh(); });
+document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
+document.addEventListener("DOMContentLoaded", () => {
+  for (const a of document.querySelectorAll('a[href="/hub/home"]')) a.href = HUB + "home";
+  selectFromHash();
+  refresh();
+});
