@@ -1,0 +1,31 @@
+"""tunehub's side-by-side benchmarks: ``python -m benchmarks`` (``make bench``).
+
+Each benchmark runs tunehub and its peers on the same workload in the same run and writes raw
+numbers to ``benchmarks/results.json``; ``benchmarks/RESULTS.md`` is rendered from them.
+"""
+
+from __future__ import annotations
+
+from benchmarks._base import Benchmark, RunContext
+
+
+def all_benchmarks() -> list[Benchmark]:
+    """Every benchmark, in the order they run and appear in RESULTS.md."""
+    from benchmarks.digits import DigitsBenchmark
+    from benchmarks.hub import HubBenchmark
+    from benchmarks.kubernetes import KubernetesBenchmark
+    from benchmarks.overhead import OverheadBenchmark
+    from benchmarks.scale import ScaleBenchmark
+    from benchmarks.start_latency import StartLatencyBenchmark
+
+    return [
+        OverheadBenchmark(),
+        ScaleBenchmark(),
+        DigitsBenchmark(),
+        StartLatencyBenchmark(),
+        KubernetesBenchmark(),
+        HubBenchmark(),
+    ]
+
+
+__all__ = ["Benchmark", "RunContext", "all_benchmarks"]

@@ -1,0 +1,240 @@
+"""Scale of the controller: a 10,000-trial sweep of a trivial objective, on SQLite and on
+PostgreSQL. Per-trial controller time (ask + launch + tell) around trial 100 against around the
+last trial, Optuna's suggestion latency, and throughput in windows; beside it, plain Optuna's
+ask/tell loop on the same storage and sampler (the floor tunehub builds on).
+
+Trials run on :class:`benchmarks._instant.InstantBackend` so the numbers are the controller's
+own cost, not process start-up (that is the start-latency benchmark's subject).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import cProfile
+import io
+import pstats
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks._base import Benchmark, RunContext
+from benchmarks._common import (
+    ms,
+    pg_schema,
+    ratio,
+    run_peer,
+    secs,
+    sqlite_url,
+    summary,
+    throughput,
+    tunehub_env,
+    window,
+)
+
+FULL_TRIALS = 10_000
+QUICK_TRIALS = 300
+PARALLELISM = 4
+EARLY = 100
+
+
+def scale_spec(trials: int) -> dict[str, Any]:
+    return {
+        "name": "scale",
+        "command": "python -c pass",  # never run: the instant backend evaluates in-process
+        "metric": "score",
+        "trials": trials,
+        "parallelism": PARALLELISM,
+        "sampler": "tpe",
+        "seed": 1,
+        "space": {
+            "x": {"type": "float", "low": 0.0, "high": 1.0},
+            "y": {"type": "float", "low": 0.0, "high": 1.0},
+        },
+    }
+
+
+def run_tunehub(home: Path, url: str, trials: int, profile: Path | None) -> dict[str, Any]:
+    """One sweep on the instant backend with the controller's steps timed."""
+    from benchmarks._instant import InstantBackend
+    from benchmarks._tunehub import Probe, controller_probe, patched, run_sweep, settings_for
+    from tuner.db import Database
+    from tuner.spec import SweepSpec
+    from tuner.study import storage_for
+
+    settings = settings_for(home, url)
+    db = Database(url)
+    spec = SweepSpec.from_dict(scale_spec(trials))
+    probe = Probe()
+    profiler = cProfile.Profile() if profile is not None else None
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        with patched(controller_probe(), probe):
+            if profiler is not None:
+                profiler.enable()
+            run = asyncio.run(run_sweep(settings, db, spec, InstantBackend()))
+            if profiler is not None:
+                profiler.disable()
+    finally:
+        db.dispose()
+        with contextlib.suppress(Exception):
+            storage_for(url).engine.dispose()
+        storage_for.cache_clear()
+    if profiler is not None and profile is not None:
+        profile.parent.mkdir(parents=True, exist_ok=True)
+        profiler.dump_stats(str(profile))
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+        profile.with_suffix(".txt").write_text(out.getvalue())
+    ask, launch, tell = probe.seconds("ask"), probe.seconds("launch"), probe.seconds("tell")
+    per_trial = [a + b + c for a, b, c in zip(ask, launch, tell, strict=False)]
+    finishes = [start + d for start, d in probe.calls.get("tell", [])]
+    return {
+        "state": run.state,
+        "trials": trials,
+        "wall_s": run.wall_s,
+        "per_trial_s": per_trial,
+        "ask_s": ask,
+        "launch_s": launch,
+        "tell_s": tell,
+        "optuna_ask_s": probe.seconds("optuna_ask"),
+        "optuna_tell_s": probe.seconds("optuna_tell"),
+        "finish_times": finishes,
+        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_before_mib": rss_before,
+    }
+
+
+def digest(raw: dict[str, Any], trials: int) -> dict[str, Any]:
+    """Summaries by window; the raw lists are dropped from the stored result (too big)."""
+    out: dict[str, Any] = {
+        k: v for k, v in raw.items() if not isinstance(v, list)
+    }
+    late = trials
+    for key in ("per_trial_s", "ask_s", "launch_s", "tell_s", "optuna_ask_s", "optuna_tell_s"):
+        values = raw.get(key)
+        if not values:
+            continue
+        out[key] = {
+            "all": summary(values),
+            "early": summary(window(values, EARLY)),
+            "late": summary(window(values, late)),
+        }
+    if raw.get("finish_times"):
+        out["throughput_per_s"] = {
+            "early": throughput(raw["finish_times"], EARLY),
+            "late": throughput(raw["finish_times"], late),
+        }
+    return out
+
+
+class ScaleBenchmark(Benchmark):
+    name = "scale"
+    title = "Scale of the controller"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        trials = ctx.size("scale_trials", QUICK_TRIALS, FULL_TRIALS)
+        profile = bool(ctx.options.get("profile"))
+        result: dict[str, Any] = {"trials": trials, "parallelism": PARALLELISM, "databases": {}}
+        for db_name in ("sqlite", "postgresql"):
+            ctx.log(f"scale: {trials} trials on {db_name} (tunehub, instant backend)")
+            entry: dict[str, Any] = {}
+            with self._url(db_name, ctx.scratch / f"scale-{db_name}-tunehub") as url:
+                prof = ctx.profile_dir / f"scale-{db_name}.prof" if profile else None
+                t0 = time.perf_counter()
+                raw = run_tunehub(ctx.scratch / f"scale-{db_name}-home", url, trials, prof)
+                ctx.log(f"scale: tunehub on {db_name} took {time.perf_counter() - t0:.0f} s")
+                entry["tunehub"] = digest(raw, trials)
+            ctx.log(f"scale: {trials} trials on {db_name} (plain Optuna ask/tell)")
+            with self._url(db_name, ctx.scratch / f"scale-{db_name}-optuna") as url:
+                peer = run_peer(
+                    "optuna_asktell",
+                    ["--trials", str(trials), "--parallelism", str(PARALLELISM),
+                     "--storage", url],
+                    env=tunehub_env(ctx.scratch, url),
+                )
+                peer["per_trial_s"] = [
+                    a + t for a, t in zip(peer["ask_s"], peer["tell_s"], strict=False)
+                ]
+                peer["command"] = peer["command"].replace(url, f"<{db_name} url>")
+                entry["optuna"] = digest(peer, trials)
+            result["databases"][db_name] = entry
+        return result
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _url(db_name: str, directory: Path):  # type: ignore[no-untyped-def]
+        if db_name == "sqlite":
+            directory.mkdir(parents=True, exist_ok=True)
+            yield sqlite_url(directory)
+        else:
+            with pg_schema("bench_scale") as url:
+                yield url
+
+    def render(self, result: dict[str, Any]) -> str:
+        n = result["trials"]
+        lines = [
+            f"A {n:,}-trial sweep, trivial objective (2 floats, TPE multivariate with constant "
+            f"liar, seed 1), parallelism {result['parallelism']}. tunehub's controller runs "
+            "its real path (trial rows, working directories and logs, backend events, the "
+            "report route with its token check, Optuna ask/tell in the same database) on an "
+            "**in-process backend whose trials finish the moment they launch** "
+            "(`benchmarks/_instant.py`), so this isolates controller cost from process "
+            "start-up. Peer: plain Optuna's ask/tell loop with the same sampler config and "
+            "the same kind of storage, 4 trials in flight.",
+            "",
+            f"\"Early\" = trials 51–150, \"late\" = the last 100 trials (of {n:,}).",
+            "",
+            "| database | what | early p50 | late p50 | late / early | late p95 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for db_name, entry in result["databases"].items():
+            th, op = entry.get("tunehub", {}), entry.get("optuna", {})
+            rows = [
+                ("tunehub per trial (ask+launch+tell)", th.get("per_trial_s")),
+                ("  of which controller `_ask`", th.get("ask_s")),
+                ("  of which `_launch`", th.get("launch_s")),
+                ("  of which `_finish_trial` (tell)", th.get("tell_s")),
+                ("  suggestion (`study.ask` inside `_ask`)", th.get("optuna_ask_s")),
+                ("plain Optuna per trial (ask+tell)", op.get("per_trial_s")),
+                ("  plain Optuna `study.ask`", op.get("ask_s")),
+            ]
+            for label, stats in rows:
+                if not stats:
+                    continue
+                early, late = stats["early"], stats["late"]
+                lines.append(
+                    f"| {db_name} | {label} | {ms(early['p50'])} | {ms(late['p50'])} | "
+                    f"{ratio(late['p50'], early['p50'])} | {ms(late['p95'])} |"
+                )
+        lines += [
+            "",
+            "| database | tool | wall (whole sweep) | trials/s early | trials/s late | "
+            "suggestion p50 / p95 (all trials) | peak RSS |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for db_name, entry in result["databases"].items():
+            for tool in ("tunehub", "optuna"):
+                d = entry.get(tool)
+                if not d:
+                    continue
+                tp = d.get("throughput_per_s", {})
+                sugg = d.get("optuna_ask_s" if tool == "tunehub" else "ask_s", {}).get("all", {})
+                lines.append(
+                    f"| {db_name} | {tool} | {secs(d.get('wall_s'))} | "
+                    f"{_num(tp.get('early'))} | {_num(tp.get('late'))} | "
+                    f"{ms(sugg.get('p50'))} / {ms(sugg.get('p95'))} | "
+                    f"{d.get('max_rss_mib', 0):.0f} MiB |"
+                )
+        lines += [
+            "",
+            "Targets (issue 6): per-trial cost within 2× from trial 100 to the last trial; "
+            "p95 suggestion ≤ 50 ms. The `late / early` column is the first; the suggestion "
+            "p95 column the second.",
+        ]
+        return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
