@@ -122,5 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         asyncio.run(serve(reg, args.name, args.host, args.port))
     except OSError as exc:
-        raise CliError(f"--port: cannot listen on {args.host}:{args.port}: {exc.strerror}")
+        raise CliError(
+            f"--port: cannot listen on {args.host}:{args.port}: {exc.strerror}"
+        ) from None
     return 0
