@@ -14,14 +14,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+pytest_plugins = ["tests.service_fixtures"]
+
 PG_BASE = os.environ.get("TUNEHUB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parent.parent
 TUNEHUB = str(Path(sys.executable).parent / "tunehub")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def pg_schema_url() -> Iterator[str]:
-    """A schema of its own in the shared PostgreSQL, so parallel runs never collide."""
+    """A fresh schema per test in the shared PostgreSQL: tests never see each other's rows and
+    parallel runs never collide."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
     admin = create_engine(PG_BASE, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:

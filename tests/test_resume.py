@@ -60,11 +60,13 @@ def test_sigkill_then_resume_finishes_exactly(home: Home, tmp_path: Path) -> Non
     # Trials die with their controller instead of reporting into the void.
     wait_for(lambda: not any(_pid_alive(p) for p in running_pids), what="trials to die")
 
-    out = parse_json(home.cli("sweep", "resume", str(sweep_id), "--wait", "--json").stdout)
-    assert out["state"] == "completed"
+    resumed = home.cli("sweep", "resume", str(sweep_id), "--wait", "--json")
+    out = parse_json(resumed.stdout)
+    assert out["state"] == "completed", (out, resumed.stderr)
     numbers = [t["number"] for t in out["trials_detail"]]
     assert sorted(numbers) == list(range(8)), numbers
-    assert all(t["state"] == "completed" for t in out["trials_detail"])
+    states = {t["number"]: (t["state"], t.get("reason")) for t in out["trials_detail"]}
+    assert all(state == "completed" for state, _ in states.values()), states
     after = {t["number"]: t["value"] for t in out["trials_detail"]}
     for number, value in before.items():
         assert after[number] == value

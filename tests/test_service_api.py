@@ -14,8 +14,6 @@ from tests.service_fixtures import TunerHub
 from tests.sweeps_helpers import write_sweep
 from tuner.spec import SpecError
 
-pytest_plugins = ["tests.service_fixtures"]
-
 SCRIPT = """
 import tuner
 p = tuner.params()
