@@ -1,0 +1,154 @@
+"""A whole emulated cluster: API server emulator + scheduler/kubelet + Job controller on one
+background event loop, a namespace with its default ServiceAccount, the data claim mapped to a
+local directory, and a kubeconfig file pointing at it."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from .client import ApiFailure, HarnessClient
+from .emulator import Emulator
+from .jobs import JobController
+from .kubelet import Kubelet
+from .nodes import FakeNode
+from .store import Counters
+
+DATA_CLAIM = "tunehub-data"
+
+
+def default_nodes() -> list[FakeNode]:
+    """Two GPU types and a CPU-only node, as a small heterogeneous GPU pool."""
+    return [
+        FakeNode("gpu-a100-0", cpu="32", memory="256Gi", gpus=2,
+                 gpu_product="NVIDIA-A100-SXM4-80GB"),
+        FakeNode("gpu-t4-0", cpu="16", memory="64Gi", gpus=4, gpu_product="Tesla-T4"),
+        FakeNode("cpu-0", cpu="8", memory="32Gi"),
+    ]
+
+
+class KubeCluster:
+    """See the package docstring for the public API (it is what the ``kube`` fixture yields)."""
+
+    def __init__(self, workdir: Path | None = None, nodes: list[FakeNode] | None = None,
+                 namespace: str = "tunehub", data_dir: Path | None = None) -> None:
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kube-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.nodes = default_nodes() if nodes is None else nodes
+        self.namespace = namespace
+        self.claims: dict[str, Path] = {}
+        self.data_dir = Path(data_dir) if data_dir else self.workdir / "data"
+        self.map_claim(DATA_CLAIM, self.data_dir)
+        self.emulator = Emulator(self.workdir / "logs")
+        self.kubelet: Kubelet | None = None
+        self.jobs: JobController | None = None
+        self.url = ""
+        self.kubeconfig = self.workdir / "kubeconfig.yaml"
+
+    @property
+    def counters(self) -> Counters:
+        return self.emulator.counters
+
+    def map_claim(self, claim: str, path: Path | str) -> Path:
+        """Make PersistentVolumeClaim ``claim`` visible to pods at local directory ``path``
+        (pods must mount it at exactly that path)."""
+        local = Path(path).resolve()
+        local.mkdir(parents=True, exist_ok=True)
+        self.claims[claim] = local
+        if claim == DATA_CLAIM:
+            self.data_dir = local
+        return local
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> KubeCluster:
+        self.url = self.emulator.start()
+        self.emulator.call(self._start(), timeout=60)
+        self.kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "preferences": {},
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "harness", "user": {"token": "emulator-token"}}],
+            "contexts": [{"name": "emulator", "context": {
+                "cluster": "emulator", "user": "harness", "namespace": self.namespace}}],
+            "current-context": "emulator"}))
+        return self
+
+    async def _start(self) -> None:
+        client = HarnessClient(self.url, "setup")
+        try:
+            await client.create("/api/v1/namespaces", {
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}})
+            await client.create(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims", {
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": DATA_CLAIM, "namespace": self.namespace},
+                "spec": {"accessModes": ["ReadWriteMany"],
+                         "resources": {"requests": {"storage": "10Gi"}}}})
+        except ApiFailure as exc:
+            if exc.status != 409:
+                raise
+        finally:
+            await client.close()
+        self.kubelet = Kubelet(self.url, self.nodes, self.claims, self.emulator.log_dir)
+        self.jobs = JobController(self.url)
+        await self.kubelet.start()
+        await self.jobs.start()
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            if self.jobs:
+                await self.jobs.stop()
+            if self.kubelet:
+                await self.kubelet.stop()
+
+        try:
+            if self.emulator.loop is not None:
+                self.emulator.call(_stop(), timeout=30)
+        finally:
+            self.emulator.stop()
+
+    def __enter__(self) -> KubeCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- inspection helpers for tests ----------------------------------------------------------
+    def objects(self, plural: str, namespace: str | None = "", group: str = "",
+                version: str = "v1", label_selector: str | None = None) -> list[dict]:
+        """Stored objects of one resource (a snapshot, read directly from the store).
+        ``namespace=""`` means the cluster's namespace, ``None`` all namespaces."""
+        if plural == "jobs" and not group:
+            group = "batch"
+        ns = self.namespace if namespace == "" else namespace
+        return self.emulator.objects(plural, ns, group, version, label_selector)
+
+    def get(self, plural: str, name: str, namespace: str | None = "", group: str = "",
+            version: str = "v1") -> dict | None:
+        found = [o for o in self.objects(plural, namespace, group, version)
+                 if o["metadata"]["name"] == name]
+        return found[0] if found else None
+
+    def pod_log(self, pod: str, container: str | None = None, namespace: str | None = None
+                ) -> str:
+        """What ``pods/log`` would return: the container's captured stdout and stderr."""
+        ns = namespace or self.namespace
+        if container is None:
+            found = self.get("pods", pod, ns)
+            container = found["spec"]["containers"][0]["name"] if found else ""
+        path = self.emulator.log_dir / ns / pod / f"{container}.log"
+        return path.read_text() if path.exists() else ""
+
+    def pids(self) -> dict[str, dict[str, int]]:
+        """Live local processes per pod: ``{pod: {container: pid}}``."""
+        assert self.kubelet is not None
+
+        async def _pids() -> dict[str, dict[str, int]]:
+            assert self.kubelet is not None
+            return self.kubelet.process_ids()
+
+        return self.emulator.call(_pids())
+
+    def compact(self) -> None:
+        """Forget the watch history: watches from older resourceVersions then get 410 Gone."""
+        self.emulator.compact()

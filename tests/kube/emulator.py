@@ -1,0 +1,472 @@
+"""A Kubernetes API server emulator served over real HTTP (aiohttp on 127.0.0.1).
+
+Supports discovery, namespaced and cluster-scoped CRUD for the resources in
+:mod:`tests.kube.resources`, ``/status``, ``pods/log``, ``pods/binding``, label and field
+selectors, list + watch with resourceVersion (replay from history, 410 Gone once compacted),
+merge / strategic-merge (as merge) / JSON patch, optimistic concurrency (409 Conflict),
+``dryRun``, deletion with propagationPolicy, and schema validation of everything stored
+(422 Invalid). Requests are counted per (client, verb, resource) in :attr:`Emulator.counters`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from . import resources
+from .admission import BUILTIN_PRIORITY_CLASSES, Admission, Refused
+from .http_errors import ApiError, error_response, not_found, status_body, success
+from .patch import PatchError, apply_patch
+from .resources import Resource
+from .selectors import SelectorError, field_matcher, label_matcher
+from .store import Counters, Store, WatchEvent
+from .validation import K8S_VERSION, Invalid, validate
+
+T = TypeVar("T")
+HARNESS_AGENT = "tunehub-kube-harness"
+
+
+class Emulator:
+    """The API server. ``start()`` serves it from a background thread with its own event loop;
+    :meth:`call` runs coroutines (e.g. the kubelet) on that loop."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.store = Store()
+        self.admission = Admission(self.store)
+        self.counters = Counters()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.url = ""
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._stopping: asyncio.Event | None = None
+        for name, value in BUILTIN_PRIORITY_CLASSES.items():
+            self._seed("priorityclasses", "scheduling.k8s.io",
+                       {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                        "metadata": {"name": name}, "value": value})
+
+    def _seed(self, plural: str, group: str, obj: dict, namespace: str | None = None) -> None:
+        res = resources.lookup(group, "v1", plural)
+        assert res is not None
+        self.admission.on_create(res, obj, namespace)
+        self.store.put(res, obj)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> str:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True,
+                                        name="kube-emulator")
+        self._thread.start()
+        if not ready.wait(30):
+            raise RuntimeError("kube emulator did not start within 30s")
+        return self.url
+
+    def _serve(self, ready: threading.Event) -> None:
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start_site())
+        ready.set()
+        self.loop.run_forever()
+
+    async def _start_site(self) -> None:
+        self._stopping = asyncio.Event()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        """Run ``coro`` on the emulator's loop from another thread and return its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.loop is None:
+            return
+
+        async def _shutdown() -> None:
+            assert self._stopping is not None and self._runner is not None
+            self._stopping.set()
+            await self._runner.cleanup()
+
+        try:
+            self.call(_shutdown(), timeout=15)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            if self._thread:
+                self._thread.join(10)
+
+    # -- snapshot helpers for tests (thread-safe through the loop) ----------------------------
+    def objects(self, plural: str, namespace: str | None = None, group: str = "",
+                version: str = "v1", label_selector: str | None = None) -> list[dict]:
+        res = resources.lookup(group, version, plural)
+        if res is None:
+            raise KeyError(f"unknown resource {group}/{version}/{plural}")
+        match = label_matcher(label_selector)
+
+        async def _list() -> list[dict]:
+            return [copy.deepcopy(o) for o in self.store.list(res, namespace) if match(o)]
+
+        return self.call(_list())
+
+    def compact(self) -> None:
+        """Drop the watch history (etcd compaction): older resourceVersions then get 410."""
+
+        async def _compact() -> None:
+            self.store.compact()
+
+        self.call(_compact())
+
+    # -- request handling -----------------------------------------------------------------------
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._dispatch(request)
+        except ApiError as err:
+            return error_response(err)
+        except Refused as err:
+            return error_response(ApiError(err.code, err.reason, err.message))
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a bug in the emulator: still a Status, with the cause
+            return error_response(ApiError(500, "InternalError", f"emulator error: {exc!r}"))
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        parts = [p for p in request.path.split("/") if p]
+        client = "harness" if request.headers.get("User-Agent", "").startswith(
+            HARNESS_AGENT) else "client"
+        simple = self._discovery(parts)
+        if simple is not None:
+            return web.json_response(simple)
+        if parts[:2] == ["_emulator", "counters"]:
+            return web.json_response(self.counters.as_json())
+        if parts[:1] == ["api"] and len(parts) >= 3 and parts[1] == "v1":
+            group, version, rest = "", "v1", parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 4:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        namespace: str | None = None
+        if (rest[0] == "namespaces" and len(rest) >= 3
+                and resources.lookup(group, version, rest[2]) is not None):
+            namespace, rest = rest[1], rest[2:]
+        res = resources.lookup(group, version, rest[0])
+        if res is None or len(rest) > 3 or (res.namespaced and namespace is None
+                                            and len(rest) > 1):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        if sub not in (None, "status", "log", "binding") or (
+                sub == "status" and not res.has_status) or (
+                sub in ("log", "binding") and res.plural != "pods"):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        q = request.query
+        method = request.method
+        verb = {"GET": "get" if name else ("watch" if q.get("watch", "").lower() in ("true", "1")
+                                           else "list"),
+                "POST": "create", "PUT": "update", "PATCH": "patch",
+                "DELETE": "delete" if name else "deletecollection"}.get(method)
+        if verb is None or (method == "POST" and name and sub != "binding") or (
+                method in ("PUT", "PATCH") and not name):
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+        self.counters.add(client, verb, res.plural + (f"/{sub}" if sub else ""))
+        if verb == "watch":
+            return await self._watch(request, res, namespace)
+        if verb == "list":
+            return web.json_response(self._list(res, namespace, q))
+        if sub == "log":
+            return await self._log(request, namespace or "", name or "")
+        body = await self._body(request) if method in ("POST", "PUT", "PATCH") else None
+        if sub == "binding":
+            return web.json_response(self._bind(namespace or "", name or "", body), status=201)
+        if verb == "get":
+            return web.json_response(self._get(res, namespace, name or ""))
+        if verb == "create":
+            obj = self._create(res, namespace, body, dry_run="dryRun" in q)
+            return web.json_response(obj, status=201)
+        if verb == "update":
+            return web.json_response(self._update(res, namespace, name or "", body, sub, q))
+        if verb == "patch":
+            old = self._get(res, namespace, name or "")
+            try:
+                patched = apply_patch(request.content_type, old, body)
+            except PatchError as exc:
+                raise ApiError(422, "Invalid", str(exc)) from None
+            return web.json_response(self._update(res, namespace, name or "", patched, sub, q))
+        delete_opts = (await self._body(request, optional=True)) or {}
+        propagation = q.get("propagationPolicy") or delete_opts.get("propagationPolicy")
+        if delete_opts.get("orphanDependents") is True:
+            propagation = "Orphan"
+        if verb == "delete":
+            return web.json_response(self._delete(res, namespace, name or "", propagation,
+                                                  delete_opts))
+        items = self._list(res, namespace, q)["items"]
+        for item in items:
+            self.admission.delete(res, item, propagation)
+        return web.json_response({"kind": f"{res.kind}List", "apiVersion": res.api_version,
+                                  "metadata": {}, "items": items})
+
+    @staticmethod
+    def _discovery(parts: list[str]) -> dict | None:
+        if not parts:
+            return {"paths": ["/api", "/api/v1", "/apis", "/version", "/healthz"]}
+        if parts in (["healthz"], ["readyz"], ["livez"]):
+            return {"status": "ok"}
+        if parts == ["version"]:
+            major, minor = K8S_VERSION.split(".")
+            return {"major": major, "minor": minor, "gitVersion": f"v{K8S_VERSION}.0",
+                    "platform": "linux/amd64", "goVersion": "go1.22", "compiler": "gc",
+                    "gitCommit": "tunehub-kube-emulator", "gitTreeState": "clean",
+                    "buildDate": "2024-01-01T00:00:00Z"}
+        if parts == ["api"]:
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+        if parts == ["api", "v1"]:
+            return resources.resource_list("", "v1")
+        if parts == ["apis"]:
+            return resources.api_group_list()
+        if len(parts) == 2 and parts[0] == "apis":
+            if parts[1] not in resources.group_versions():
+                raise ApiError(404, "NotFound", "the server could not find the requested "
+                                                "resource")
+            return resources.api_group(parts[1])
+        if len(parts) == 3 and parts[0] == "apis":
+            found = resources.resource_list(parts[1], parts[2])
+            if found is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested "
+                                                "resource")
+            return found
+        return None
+
+    @staticmethod
+    async def _body(request: web.Request, optional: bool = False) -> Any:
+        raw = await request.read()
+        if not raw:
+            if optional:
+                return None
+            raise ApiError(400, "BadRequest", "the request body is empty")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "BadRequest", "the request body is not valid JSON") from None
+
+    # -- verbs ---------------------------------------------------------------------------------
+    def _get(self, res: Resource, namespace: str | None, name: str) -> dict:
+        obj = self.store.get(res, namespace or "", name)
+        if obj is None:
+            raise not_found(res.plural, res.group, name)
+        return copy.deepcopy(obj)
+
+    def _list(self, res: Resource, namespace: str | None, q: Any) -> dict:
+        try:
+            lm, fm = label_matcher(q.get("labelSelector")), field_matcher(q.get("fieldSelector"))
+        except SelectorError as exc:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {exc}") from None
+        items = [copy.deepcopy(o) for o in self.store.list(res, namespace) if lm(o) and fm(o)]
+        return {"kind": f"{res.kind}List", "apiVersion": res.api_version,
+                "metadata": {"resourceVersion": str(self.store.rv)}, "items": items}
+
+    def _check(self, res: Resource, obj: dict) -> None:
+        if not isinstance(obj, dict):
+            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+        if obj.get("apiVersion") != res.api_version or obj.get("kind") != res.kind:
+            raise ApiError(400, "BadRequest",
+                           f"the body is apiVersion={obj.get('apiVersion')!r} "
+                           f"kind={obj.get('kind')!r}, expected {res.api_version} {res.kind}")
+        try:
+            validate(obj)
+        except Invalid as exc:
+            name = (obj.get("metadata") or {}).get("name", "")
+            message = f'{res.qualified} "{name}" is invalid: {exc}'
+            raise ApiError(422, "Invalid", message, {
+                "name": name, "group": res.group, "kind": res.kind,
+                "causes": [{"reason": "FieldValueInvalid", "message": exc.message,
+                            "field": exc.field}]}) from None
+
+    def _create(self, res: Resource, namespace: str | None, body: Any,
+                dry_run: bool = False) -> dict:
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+        obj = copy.deepcopy(body)
+        self.admission.on_create(res, obj, namespace)
+        self._check(res, obj)
+        meta = obj["metadata"]
+        if self.store.get(res, meta.get("namespace", ""), meta["name"]) is not None:
+            raise ApiError(409, "AlreadyExists",
+                           f'{res.plural}{"." + res.group if res.group else ""} '
+                           f'"{meta["name"]}" already exists',
+                           {"name": meta["name"], "group": res.group, "kind": res.plural})
+        if dry_run:
+            return obj
+        self.store.put(res, obj)
+        self.admission.after_create(res, obj)
+        return copy.deepcopy(obj)
+
+    def _update(self, res: Resource, namespace: str | None, name: str, body: Any,
+                sub: str | None, q: Any) -> dict:
+        old = self._get(res, namespace, name)
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+        body_meta = body.get("metadata") or {}
+        if body_meta.get("name") not in (None, name):
+            raise ApiError(400, "BadRequest", "the name of the object does not match the "
+                                              "name on the URL")
+        rv = body_meta.get("resourceVersion")
+        if rv and rv != old["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict",
+                           f'Operation cannot be fulfilled on {res.plural} "{name}": the '
+                           "object has been modified; please apply your changes to the "
+                           "latest version and try again",
+                           {"name": name, "group": res.group, "kind": res.plural})
+        merged = self.admission.on_update(res, old, body, sub)
+        self._check(res, merged)
+        if "dryRun" in q:
+            return merged
+        if merged == old:
+            return old  # no-op writes do not bump resourceVersion, as on a real server
+        self.store.put(res, merged)
+        return copy.deepcopy(merged)
+
+    def _delete(self, res: Resource, namespace: str | None, name: str,
+                propagation: str | None, opts: dict) -> dict:
+        obj = self._get(res, namespace, name)
+        pre = opts.get("preconditions") or {}
+        for key in ("uid", "resourceVersion"):
+            if pre.get(key) and pre[key] != obj["metadata"].get(key):
+                raise ApiError(409, "Conflict", f"Precondition failed: {key} in precondition: "
+                                                f"{pre[key]}, {key} in object meta: "
+                                                f"{obj['metadata'].get(key)}")
+        if propagation not in (None, "Orphan", "Background", "Foreground"):
+            raise ApiError(400, "BadRequest", f"unsupported propagationPolicy {propagation!r}")
+        gone = self.admission.delete(res, obj, propagation)
+        if res.plural == "pods":
+            return copy.deepcopy(gone)
+        return success(res.plural, res.group, name, obj["metadata"].get("uid"))
+
+    def _bind(self, namespace: str, name: str, body: Any) -> dict:
+        pods = resources.lookup("", "v1", "pods")
+        assert pods is not None
+        pod = self._get(pods, namespace, name)
+        node = ((body or {}).get("target") or {}).get("name")
+        if not node:
+            raise ApiError(422, "Invalid", "target.name: Required value")
+        if pod["spec"].get("nodeName"):
+            raise ApiError(409, "Conflict", f'pod {name} is already assigned to node '
+                                            f'"{pod["spec"]["nodeName"]}"')
+        pod["spec"]["nodeName"] = node
+        conds = [c for c in pod["status"].get("conditions", []) if c["type"] != "PodScheduled"]
+        conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                      "lastTransitionTime": _now()})
+        pod["status"]["conditions"] = conds
+        self.store.put(pods, pod)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "code": 201}
+
+    async def _log(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
+        pods = resources.lookup("", "v1", "pods")
+        assert pods is not None
+        pod = self._get(pods, namespace, name)
+        names = [c["name"] for c in pod["spec"].get("containers", [])]
+        container = request.query.get("container") or (names[0] if len(names) == 1 else None)
+        if container is None:
+            raise ApiError(400, "BadRequest", f"a container name must be specified for pod "
+                                              f"{name}, choose one of: {names}")
+        if container not in names + [c["name"] for c in pod["spec"].get("initContainers", [])]:
+            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod "
+                                              f"{name}")
+        path = self.log_dir / namespace / name / f"{container}.log"
+        if not path.exists():
+            raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is '
+                                              "waiting to start: ContainerCreating")
+        text = path.read_bytes()
+        tail = request.query.get("tailLines")
+        if tail:
+            text = b"".join(text.splitlines(keepends=True)[-int(tail):])
+        return web.Response(body=text, content_type="text/plain")
+
+    async def _watch(self, request: web.Request, res: Resource,
+                     namespace: str | None) -> web.StreamResponse:
+        q = request.query
+        try:
+            lm, fm = label_matcher(q.get("labelSelector")), field_matcher(q.get("fieldSelector"))
+        except SelectorError as exc:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {exc}") from None
+        rv_param = q.get("resourceVersion") or "0"
+        timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
+        watcher = self.store.subscribe(res, namespace)
+        try:
+            if rv_param == "0":
+                replay = [WatchEvent(int(o["metadata"]["resourceVersion"]), res, "ADDED", o, None)
+                          for o in self.store.list(res, namespace)]
+            else:
+                try:
+                    found = self.store.since(res, int(rv_param))
+                except ValueError:
+                    raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv_param!r}"
+                                   ) from None
+                replay = [e for e in found or [] if namespace is None
+                          or e.obj["metadata"].get("namespace") == namespace]
+                if found is None:
+                    return await self._watch_gone(request, rv_param)
+            resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for event in replay:
+                await self._send(resp, event, lm, fm)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout if timeout else None
+            assert self._stopping is not None
+            while not self._stopping.is_set():
+                wait = 1.0 if deadline is None else min(1.0, deadline - loop.time())
+                if wait <= 0:
+                    break
+                try:
+                    event = await asyncio.wait_for(watcher.queue.get(), wait)
+                except asyncio.TimeoutError:
+                    if request.transport is None or request.transport.is_closing():
+                        break
+                    continue
+                await self._send(resp, event, lm, fm)
+            return resp
+        finally:
+            self.store.unsubscribe(watcher)
+
+    @staticmethod
+    async def _watch_gone(request: web.Request, rv: str) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        message = f"too old resource version: {rv}"
+        event = {"type": "ERROR", "object": status_body(410, "Expired", message)}
+        await resp.write(json.dumps(event).encode() + b"\n")
+        return resp
+
+    @staticmethod
+    async def _send(resp: web.StreamResponse, event: WatchEvent, lm: Any, fm: Any) -> None:
+        def match(o: dict | None) -> bool:
+            return o is not None and lm(o) and fm(o)
+
+        type_ = event.type
+        if type_ == "MODIFIED":
+            now_m, was_m = match(event.obj), match(event.old)
+            if not now_m and not was_m:
+                return
+            type_ = "MODIFIED" if now_m and was_m else ("ADDED" if now_m else "DELETED")
+        elif not match(event.obj):
+            return
+        await resp.write(json.dumps({"type": type_, "object": event.obj}).encode() + b"\n")
+
+
+def _now() -> str:
+    from .admission import now
+
+    return now()

@@ -1,0 +1,206 @@
+"""Fake nodes and the scheduler's filtering and scoring: node selectors, required and preferred
+node affinity, taints vs tolerations and resource fit, with scheduler-like failure messages."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from .validation import parse_quantity
+
+GPU = "nvidia.com/gpu"
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass
+class FakeNode:
+    """A node the kubelet stand-in pretends to be. ``gpu_product`` becomes the
+    ``nvidia.com/gpu.product`` label (as NVIDIA's GPU feature discovery sets it)."""
+
+    name: str
+    cpu: str = "8"
+    memory: str = "32Gi"
+    gpus: int = 0
+    gpu_product: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict] = field(default_factory=list)
+
+    def all_labels(self) -> dict[str, str]:
+        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64"}
+        if self.gpu_product:
+            labels["nvidia.com/gpu.product"] = self.gpu_product
+            labels["nvidia.com/gpu.count"] = str(self.gpus)
+            labels["nvidia.com/gpu.present"] = "true"
+        labels.update(self.labels)
+        return labels
+
+    def capacity(self) -> dict[str, str]:
+        cap = {"cpu": self.cpu, "memory": self.memory, "pods": "110",
+               "ephemeral-storage": "100Gi"}
+        if self.gpus:
+            cap[GPU] = str(self.gpus)
+        return cap
+
+    def to_object(self) -> dict:
+        spec: dict = {}
+        if self.taints:
+            spec["taints"] = self.taints
+        return {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": self.name, "labels": self.all_labels()}, "spec": spec,
+                "status": {"capacity": self.capacity(), "allocatable": self.capacity(),
+                           "conditions": [{"type": "Ready", "status": "True",
+                                           "reason": "KubeletReady",
+                                           "message": "kubelet is posting ready status"}],
+                           "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                                         {"type": "Hostname", "address": self.name}]}}
+
+
+def pod_requests(pod: dict) -> dict[str, Decimal]:
+    """Effective requests: the sum over containers, or the largest init container if bigger."""
+    total: Counter = Counter()
+    for c in pod["spec"].get("containers", []):
+        for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
+            total[k] += parse_quantity(v)
+    for c in pod["spec"].get("initContainers") or []:
+        for k, v in ((c.get("resources") or {}).get("requests") or {}).items():
+            total[k] = max(total[k], parse_quantity(v))
+    return dict(total)
+
+
+def _expr_matches(expr: dict, labels: dict[str, str]) -> bool:
+    key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+    value = labels.get(key)
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and value.lstrip("-").isdigit():
+        return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+    return False
+
+
+def _term_matches(term: dict, labels: dict[str, str]) -> bool:
+    exprs = term.get("matchExpressions") or []
+    return bool(exprs) and all(_expr_matches(e, labels) for e in exprs)
+
+
+def selector_matches(pod: dict, labels: dict[str, str]) -> bool:
+    spec = pod["spec"]
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if required:
+        return any(_term_matches(t, labels) for t in required.get("nodeSelectorTerms", []))
+    return True
+
+
+def preference_score(pod: dict, labels: dict[str, str]) -> int:
+    prefs = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+             .get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+    return sum(p.get("weight", 0) for p in prefs if _term_matches(p["preference"], labels))
+
+
+def untolerated_taint(pod: dict, node: FakeNode) -> dict | None:
+    tolerations = pod["spec"].get("tolerations") or []
+    for taint in node.taints:
+        if taint.get("effect") == "PreferNoSchedule":
+            continue
+        ok = False
+        for t in tolerations:
+            if t.get("effect") and t["effect"] != taint.get("effect"):
+                continue
+            if t.get("operator") == "Exists":
+                ok = not t.get("key") or t["key"] == taint["key"]
+            else:
+                ok = t.get("key") == taint["key"] and t.get("value", "") == taint.get("value", "")
+            if ok:
+                break
+        if not ok:
+            return taint
+    return None
+
+
+def node_usage(node: str, pods: list[dict]) -> Counter:
+    used: Counter = Counter()
+    for p in pods:
+        if p["spec"].get("nodeName") == node and p["status"].get("phase") not in TERMINAL:
+            for k, v in pod_requests(p).items():
+                used[k] += v
+            used["pods"] += 1
+    return used
+
+
+def insufficient(pod: dict, node: FakeNode, used: Counter) -> list[str]:
+    """Resources the node cannot provide for ``pod`` given what is already ``used``."""
+    cap = {k: parse_quantity(v) for k, v in node.capacity().items()}
+    need = pod_requests(pod)
+    need["pods"] = Decimal(1)
+    return sorted(k for k, v in need.items() if v > 0 and used.get(k, 0) + v > cap.get(k, 0))
+
+
+def filter_node(pod: dict, node: FakeNode, pods: list[dict]) -> list[str]:
+    """Why ``pod`` cannot run on ``node`` (empty list: it fits), in the scheduler's words."""
+    if not selector_matches(pod, node.all_labels()):
+        return ["node(s) didn't match Pod's node affinity/selector"]
+    taint = untolerated_taint(pod, node)
+    if taint is not None:
+        value = f": {taint['value']}" if taint.get("value") else ""
+        return [f"node(s) had untolerated taint {{{taint['key']}{value}}}"]
+    return [f"Insufficient {r}" for r in insufficient(pod, node, node_usage(node.name, pods))]
+
+
+def failure_message(reasons: dict[str, list[str]]) -> str:
+    counts: Counter = Counter(r for rs in reasons.values() for r in rs)
+    detail = ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))
+    return f"0/{len(reasons)} nodes are available: {detail}."
+
+
+def choose_node(pod: dict, nodes: list[FakeNode], pods: list[dict]) -> tuple[str | None, str]:
+    """The best feasible node (highest preferred-affinity score, then fewest allocated
+    resources, then configuration order), or None and the FailedScheduling message."""
+    reasons = {n.name: filter_node(pod, n, pods) for n in nodes}
+    feasible = [n for n in nodes if not reasons[n.name]]
+    if not feasible:
+        if not nodes:
+            return None, "no nodes available to schedule pods"
+        return None, failure_message(reasons)
+    best = max(feasible, key=lambda n: (preference_score(pod, n.all_labels()),
+                                        -len([p for p in pods
+                                              if p["spec"].get("nodeName") == n.name]),
+                                        -nodes.index(n)))
+    return best.name, ""
+
+
+def preemption_victims(pod: dict, nodes: list[FakeNode], pods: list[dict]
+                       ) -> tuple[str, list[dict]] | None:
+    """Lower-priority pods whose removal lets ``pod`` fit on some node (fewest victims)."""
+    if pod["spec"].get("preemptionPolicy") == "Never":
+        return None
+    prio = pod["spec"].get("priority", 0)
+    best: tuple[str, list[dict]] | None = None
+    for node in nodes:
+        if not selector_matches(pod, node.all_labels()) or untolerated_taint(pod, node):
+            continue
+        running = [p for p in pods if p["spec"].get("nodeName") == node.name
+                   and p["status"].get("phase") not in TERMINAL
+                   and not p["metadata"].get("deletionTimestamp")]
+        lower = sorted((p for p in running if p["spec"].get("priority", 0) < prio),
+                       key=lambda p: p["spec"].get("priority", 0))
+        victims: list[dict] = []
+        remaining = list(running)
+        for v in lower:
+            if not insufficient(pod, node, node_usage(node.name, remaining)):
+                break
+            victims.append(v)
+            remaining.remove(v)
+        if victims and not insufficient(pod, node, node_usage(node.name, remaining)) and (
+                best is None or len(victims) < len(best[1])):
+            best = (node.name, victims)
+    return best

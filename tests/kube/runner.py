@@ -1,0 +1,320 @@
+"""Runs one pod's containers as local processes: the kubelet stand-in's container runtime.
+
+Each container's ``command`` + ``args`` run with the pod's environment (plain values,
+``$(VAR)`` expansion, secretKeyRef / configMapKeyRef / fieldRef / resourceFieldRef, envFrom)
+and ``workingDir``. Images are ignored; ``python`` resolves to the test venv's interpreter.
+A PersistentVolumeClaim is only visible if the test mapped its claim to a local directory and
+the pod mounts it at exactly that path (anything else fails the pod with a clear message).
+Output goes to ``<log_dir>/<namespace>/<pod>/<container>.log`` for ``pods/log``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from .admission import now
+from .client import ApiFailure, HarnessClient, path_of
+
+#: Longest we wait between SIGTERM and SIGKILL, whatever terminationGracePeriodSeconds says.
+GRACE_CAP = 3.0
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+class PodConfigError(Exception):
+    """The pod cannot start (bad mount, missing command...): the pod fails with this reason."""
+
+    def __init__(self, reason: str, message: str, retry: bool = False) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.retry = reason, message, retry
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+class PodRunner:
+    """Owns the processes of one pod and reports its status through the API."""
+
+    def __init__(self, client: HarnessClient, pod: dict, claims: dict[str, Path],
+                 log_dir: Path, api_port: int) -> None:
+        self.client, self.pod, self.claims = client, pod, claims
+        self.name, self.namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        self.log_dir = log_dir / self.namespace / self.name
+        self.api_port = api_port
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.deleted = False
+        self.status: dict = dict(pod.get("status") or {})
+        self._created_dirs: list[Path] = []
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"kubelet-{self.name}-"))
+        self.task: asyncio.Task | None = None
+
+    # -- environment -------------------------------------------------------------------------
+    async def _ref(self, kind: str, ref: dict) -> str | None:
+        plural = "secrets" if kind == "secret" else "configmaps"
+        try:
+            obj = await self.client.request(
+                "GET", f"/api/v1/namespaces/{self.namespace}/{plural}/{ref['name']}")
+        except ApiFailure as exc:
+            if exc.status == 404:
+                if ref.get("optional"):
+                    return None
+                raise PodConfigError("CreateContainerConfigError",
+                                     f'{kind} "{ref["name"]}" not found', retry=True) from None
+            raise
+        if ref.get("key") is None:
+            return obj
+        data = obj.get("data") or {}
+        if ref["key"] not in data:
+            if ref.get("optional"):
+                return None
+            raise PodConfigError("CreateContainerConfigError",
+                                 f"couldn't find key {ref['key']} in {kind} "
+                                 f"{self.namespace}/{ref['name']}", retry=True)
+        value = data[ref["key"]]
+        return base64.b64decode(value).decode() if kind == "secret" else value
+
+    def _field(self, path: str) -> str:
+        meta, spec = self.pod["metadata"], self.pod["spec"]
+        m = re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path)
+        if m:
+            return (meta.get(m.group(1)) or {}).get(m.group(2), "")
+        values = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
+                  "metadata.uid": meta.get("uid", ""), "spec.nodeName": spec.get("nodeName", ""),
+                  "spec.serviceAccountName": spec.get("serviceAccountName", ""),
+                  "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1",
+                  "status.podIPs": "127.0.0.1", "status.hostIPs": "127.0.0.1"}
+        if path not in values:
+            raise PodConfigError("CreateContainerConfigError", f"unsupported fieldRef {path}")
+        return values[path]
+
+    async def environment(self, container: dict) -> dict[str, str]:
+        bin_dir = str(Path(sys.executable).parent)
+        env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+               "HOME": str(self._scratch), "LANG": "C.UTF-8",
+               "HOSTNAME": self.pod["spec"].get("hostname") or self.name,
+               "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+               "KUBERNETES_SERVICE_PORT": str(self.api_port)}
+        for src in container.get("envFrom") or []:
+            prefix = src.get("prefix", "")
+            for kind, key in (("secret", "secretRef"), ("configmap", "configMapRef")):
+                if key in src:
+                    obj = await self._ref(kind, {**src[key], "key": None})
+                    for k, v in ((obj or {}).get("data") or {}).items():
+                        env[prefix + k] = base64.b64decode(v).decode() if kind == "secret" \
+                            else v
+        for var in container.get("env") or []:
+            name, source = var["name"], var.get("valueFrom")
+            if source is None:
+                env[name] = _expand(var.get("value", ""), env)
+                continue
+            value: str | None
+            if "secretKeyRef" in source:
+                value = await self._ref("secret", source["secretKeyRef"])
+            elif "configMapKeyRef" in source:
+                value = await self._ref("configmap", source["configMapKeyRef"])
+            elif "fieldRef" in source:
+                value = self._field(source["fieldRef"]["fieldPath"])
+            elif "resourceFieldRef" in source:
+                kind, _, res = source["resourceFieldRef"]["resource"].partition(".")
+                resources = (container.get("resources") or {}).get(kind) or {}
+                value = str(resources.get(res, "0"))
+            else:
+                raise PodConfigError("CreateContainerConfigError",
+                                     f"env {name}: unsupported valueFrom {sorted(source)}")
+            if value is not None:
+                env[name] = value
+        return env
+
+    # -- volumes -------------------------------------------------------------------------------
+    def check_mounts(self, container: dict) -> None:
+        volumes = {v["name"]: v for v in self.pod["spec"].get("volumes") or []}
+        for mount in container.get("volumeMounts") or []:
+            vol = volumes[mount["name"]]
+            target = Path(mount["mountPath"])
+            if "persistentVolumeClaim" in vol:
+                claim = vol["persistentVolumeClaim"]["claimName"]
+                if claim not in self.claims:
+                    raise PodConfigError("FailedMount", f'volume "{mount["name"]}": claim '
+                                         f'"{claim}" is not mapped to a local directory in the '
+                                         "kube harness (kube.map_claim)")
+                local = self.claims[claim] / mount.get("subPath", "")
+                if target.resolve() != local.resolve():
+                    raise PodConfigError("FailedMount", f'volume "{mount["name"]}" (claim '
+                                         f'"{claim}" -> {local}) is mounted at {target}, but '
+                                         "the kube harness can only expose a claim at its "
+                                         f"local path: mount it at {local}")
+                local.mkdir(parents=True, exist_ok=True)
+            elif "emptyDir" in vol and not target.is_dir():
+                try:
+                    target.mkdir(parents=True)
+                except OSError as exc:
+                    raise PodConfigError("FailedMount", f'emptyDir "{mount["name"]}" cannot be '
+                                         f"created at {target}: {exc}") from None
+                self._created_dirs.append(target)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def report(self) -> None:
+        if not self.deleted:
+            await self.client.replace_status(path_of(self.pod), self.status)
+
+    def _container_status(self, c: dict, state: dict, restarts: int = 0,
+                          last: dict | None = None) -> dict:
+        running = "running" in state
+        return {"name": c["name"], "image": c.get("image", ""), "imageID": "",
+                "containerID": f"harness://{self.name}/{c['name']}", "ready": running,
+                "started": running, "restartCount": restarts, "state": state,
+                "lastState": last or {}}
+
+    def _conditions(self, ready: bool, reason: str | None = None) -> list[dict]:
+        conds = [c for c in self.status.get("conditions", []) if c["type"] == "PodScheduled"]
+        for t in ("Initialized", "ContainersReady", "Ready"):
+            cond = {"type": t, "status": "True" if ready or t == "Initialized" else "False",
+                    "lastProbeTime": None, "lastTransitionTime": now()}
+            if reason and t != "Initialized":
+                cond["reason"] = reason
+            conds.append(cond)
+        return conds
+
+    async def fail(self, err: PodConfigError) -> None:
+        waiting = {"waiting": {"reason": err.reason, "message": err.message}}
+        self.status["containerStatuses"] = [self._container_status(c, waiting)
+                                            for c in self.pod["spec"]["containers"]]
+        self.status["message"], self.status["reason"] = err.message, err.reason
+        if not err.retry:
+            self.status["phase"] = "Failed"
+        await self.report()
+
+    async def run(self) -> None:
+        containers = self.pod["spec"]["containers"]
+        envs: dict[str, dict[str, str]] = {}
+        while True:
+            try:
+                for c in (self.pod["spec"].get("initContainers") or []) + containers:
+                    self.check_mounts(c)
+                    envs[c["name"]] = await self.environment(c)
+                break
+            except PodConfigError as err:
+                await self.fail(err)
+                if not err.retry:
+                    return
+                await asyncio.sleep(1.0)  # the kubelet retries config errors periodically
+        self.status.pop("message", None)
+        self.status.pop("reason", None)
+        self.status.update({"hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+                            "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                            "startTime": now()})
+        for c in self.pod["spec"].get("initContainers") or []:
+            code = await self._run_once(c, envs[c["name"]])
+            if code != 0:
+                await self._finish({c["name"]: code}, containers)
+                return
+        results = await asyncio.gather(*(self._supervise(c, envs[c["name"]])
+                                         for c in containers))
+        await self._finish(dict(results), containers)
+
+    async def _start(self, c: dict, env: dict[str, str]) -> asyncio.subprocess.Process | str:
+        if not c.get("command"):
+            return ("the kube harness runs a container's command as a local process and needs "
+                    "an explicit spec.containers[].command (image entrypoints are unavailable)")
+        argv = [_expand(a, env) for a in c["command"] + (c.get("args") or [])]
+        exe = shutil.which(argv[0], path=env["PATH"]) if "/" not in argv[0] else argv[0]
+        if exe is None:
+            return f'exec: "{argv[0]}": executable file not found in $PATH'
+        cwd = Path(c.get("workingDir") or self._scratch)
+        cwd.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / f"{c['name']}.log", "ab") as out:
+            return await asyncio.create_subprocess_exec(
+                exe, *argv[1:], env=env, cwd=str(cwd), stdout=out, stderr=out,
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+
+    async def _run_once(self, c: dict, env: dict[str, str]) -> int:
+        proc = await self._start(c, env)
+        if isinstance(proc, str):
+            self.status["message"] = proc
+            return 128
+        self.procs[c["name"]] = proc
+        return await proc.wait()
+
+    async def _supervise(self, c: dict, env: dict[str, str]) -> tuple[str, int]:
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        restarts, last = 0, None
+        while True:
+            started = now()
+            proc = await self._start(c, env)
+            if isinstance(proc, str):
+                term = {"exitCode": 128, "reason": "StartError", "message": proc}
+                code = 128
+            else:
+                self.procs[c["name"]] = proc
+                self._set_container(c, {"running": {"startedAt": started}}, restarts, last)
+                if all(n in self.procs for n in
+                       (x["name"] for x in self.pod["spec"]["containers"])):
+                    self.status["phase"] = "Running"
+                    self.status["conditions"] = self._conditions(True)
+                await self.report()
+                code = await proc.wait()
+                if code < 0:  # killed by a signal: report as a shell would
+                    code = 128 - code
+                term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+            term.update({"startedAt": started, "finishedAt": now(),
+                         "containerID": f"harness://{self.name}/{c['name']}"})
+            self._set_container(c, {"terminated": term}, restarts, last)
+            if self.deleted or policy == "Never" or (policy == "OnFailure" and code == 0):
+                return c["name"], code
+            restarts, last = restarts + 1, {"terminated": term}
+            await self.report()
+            await asyncio.sleep(min(0.5 * 2 ** restarts, 5.0))  # CrashLoopBackOff
+
+    def _set_container(self, c: dict, state: dict, restarts: int, last: dict | None) -> None:
+        statuses = [s for s in self.status.get("containerStatuses", [])
+                    if s["name"] != c["name"] and "waiting" not in s.get("state", {})]
+        statuses.append(self._container_status(c, state, restarts, last))
+        names = [x["name"] for x in self.pod["spec"]["containers"]]
+        self.status["containerStatuses"] = sorted(statuses, key=lambda s: names.index(s["name"])
+                                                  if s["name"] in names else -1)
+
+    async def _finish(self, codes: dict[str, int], containers: list[dict]) -> None:
+        ok = all(code == 0 for code in codes.values())
+        self.status["phase"] = "Succeeded" if ok else "Failed"
+        self.status["conditions"] = self._conditions(False, "PodCompleted" if ok else "PodFailed")
+        await self.report()
+        self.cleanup()
+
+    async def kill(self, grace: float) -> None:
+        """Pod deleted: SIGTERM every process group, SIGKILL after the (capped) grace period."""
+        self.deleted = True
+        procs = [p for p in self.procs.values() if p.returncode is None]
+        for p in procs:
+            _signal(p, signal.SIGTERM)
+        if procs:
+            try:
+                await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)),
+                                       min(grace, GRACE_CAP))
+            except asyncio.TimeoutError:
+                for p in procs:
+                    _signal(p, signal.SIGKILL)
+                await asyncio.gather(*(p.wait() for p in procs))
+        if self.task and not self.task.done():
+            self.task.cancel()
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        for d in self._created_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        self._created_dirs.clear()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,206 @@
+"""Schema validation of every object the emulator stores, as a real API server would do it.
+
+Objects are checked against the Kubernetes OpenAPI schema shipped by ``kubernetes-validate``
+(strict: unknown fields are errors) for :data:`K8S_VERSION`, plus the handful of semantic rules
+that the schema cannot express but that real clusters enforce and our code is likely to trip
+over (object and label names, requests <= limits, extended resources such as nvidia.com/gpu)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import importlib_resources
+import jsonschema
+from referencing import Registry, Resource
+
+#: Kubernetes minor version whose OpenAPI schema is enforced (kubernetes-asyncio 36 = 1.36).
+K8S_VERSION = "1.36"
+
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][-+]?[0-9]+|[numkMGTPE]i?|Ki|)$")
+_SUFFIX = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+           "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
+           "P": Decimal(10**15), "E": Decimal(10**18), "Ki": Decimal(2**10),
+           "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
+           "Pi": Decimal(2**50), "Ei": Decimal(2**60)}
+_STANDARD_RESOURCES = {"cpu", "memory", "ephemeral-storage", "pods"}
+
+
+class Invalid(Exception):
+    """An object a real API server would refuse with 422 Invalid; ``field`` names the path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+def parse_quantity(value: Any) -> Decimal:
+    """Parse a Kubernetes quantity ("500m", "2Gi", 1) into a Decimal; raise ValueError."""
+    if isinstance(value, (int, float)):
+        return Decimal(str(value))
+    m = _QUANTITY.match(str(value).strip())
+    if not m:
+        raise ValueError(f"quantities must match the regular expression "
+                         f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$' (got {value!r})")
+    number, suffix = m.groups()
+    try:
+        base = Decimal(number)
+    except InvalidOperation as exc:
+        raise ValueError(f"invalid quantity {value!r}") from exc
+    if suffix and suffix[0] in "eE":
+        return base * (Decimal(10) ** int(suffix[1:]))
+    return base * _SUFFIX[suffix]
+
+
+@functools.lru_cache(maxsize=1)
+def _registry() -> tuple[str, Registry]:
+    from kubernetes_validate import utils
+
+    version = [v for v in utils.all_versions()
+               if utils.major_minor(v) <= K8S_VERSION][-1]
+    schema_dir = f"v{version}-local-strict"
+    root = importlib_resources.files("kubernetes_validate").joinpath("kubernetes-json-schema")
+    defs = json.loads(root.joinpath(schema_dir, "_definitions.json").read_text())
+    return schema_dir, Resource.from_contents(defs) @ Registry()
+
+
+@functools.cache
+def _validator(api_version: str, kind: str) -> jsonschema.Validator | None:
+    schema_dir, registry = _registry()
+    short = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    root = importlib_resources.files("kubernetes_validate").joinpath("kubernetes-json-schema")
+    path = root.joinpath(schema_dir, f"{kind.lower()}-{short}.json")
+    if not path.is_file():
+        return None
+    schema = json.loads(path.read_text())
+    return jsonschema.validators.Draft202012Validator(
+        schema, registry=Resource.from_contents(schema) @ registry)
+
+
+def _path(error: jsonschema.ValidationError) -> str:
+    out = ""
+    for part in error.absolute_path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def validate_schema(obj: dict) -> None:
+    """Raise :class:`Invalid` if ``obj`` does not match its kind's OpenAPI schema."""
+    validator = _validator(obj.get("apiVersion", ""), obj.get("kind", ""))
+    if validator is None:  # CRDs such as Kueue's: no schema shipped, structure only
+        return
+    error = jsonschema.exceptions.best_match(validator.iter_errors(obj))
+    if error is not None:
+        message = error.message
+        if error.validator == "additionalProperties":
+            message = f"unknown field: {message}"
+        raise Invalid(_path(error), message)
+
+
+def _check_name(name: str, field: str, pattern: re.Pattern, limit: int, what: str) -> None:
+    if len(name) > limit:
+        raise Invalid(field, f"Invalid value: {name!r}: must be no more than {limit} characters")
+    if not pattern.match(name):
+        raise Invalid(field, f"Invalid value: {name!r}: a lowercase RFC 1123 {what} must "
+                             "consist of lower case alphanumeric characters, '-' or '.'")
+
+
+def _check_labels(labels: dict, field: str) -> None:
+    for key, value in labels.items():
+        name = key.rsplit("/", 1)[-1]
+        if len(name) > 63 or not _QUALIFIED_NAME.match(name):
+            raise Invalid(f"{field}", f"Invalid value: {key!r}: name part must consist of "
+                                      "alphanumeric characters, '-', '_' or '.' (max 63)")
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            raise Invalid(f"{field}", f"Invalid value: {value!r}: a valid label must be an "
+                                      "empty string or consist of alphanumeric characters, "
+                                      "'-', '_' or '.' (max 63)")
+
+
+def _check_resources(container: dict, field: str) -> None:
+    res = container.get("resources") or {}
+    requests, limits = res.get("requests") or {}, res.get("limits") or {}
+    for kind, values in (("requests", requests), ("limits", limits)):
+        for name, q in values.items():
+            try:
+                amount = parse_quantity(q)
+            except ValueError as exc:
+                raise Invalid(f"{field}.resources.{kind}[{name}]", str(exc)) from None
+            if name not in _STANDARD_RESOURCES and "/" in name and amount != int(amount):
+                raise Invalid(f"{field}.resources.{kind}[{name}]",
+                              f"Invalid value: {q!r}: must be an integer")
+    for name, q in requests.items():
+        if name in limits and parse_quantity(q) > parse_quantity(limits[name]):
+            raise Invalid(f"{field}.resources.requests", f"Invalid value: {q!r}: must be less "
+                                                        f"than or equal to {name} limit")
+        if (name not in _STANDARD_RESOURCES and "/" in name
+                and parse_quantity(q) != parse_quantity(limits.get(name, q))):
+            raise Invalid(f"{field}.resources.requests[{name}]",
+                          f"Invalid value: {q!r}: must be equal to {name} limit")
+        if name not in _STANDARD_RESOURCES and "/" in name and name not in limits:
+            raise Invalid(f"{field}.resources.limits[{name}]",
+                          "Required value: Limit must be set for non overcommitable resources")
+
+
+def _check_pod_spec(spec: dict, field: str) -> None:
+    names = set()
+    for group in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(group) or []):
+            cfield = f"{field}.{group}[{i}]"
+            _check_name(c.get("name", ""), f"{cfield}.name", _DNS1123_LABEL, 63, "label")
+            if c["name"] in names:
+                raise Invalid(f"{cfield}.name", f"Duplicate value: {c['name']!r}")
+            names.add(c["name"])
+            _check_resources(c, cfield)
+    volumes = {v.get("name") for v in spec.get("volumes") or []}
+    for i, c in enumerate(spec.get("containers") or []):
+        for j, m in enumerate(c.get("volumeMounts") or []):
+            if m.get("name") not in volumes:
+                raise Invalid(f"{field}.containers[{i}].volumeMounts[{j}].name",
+                              f"Not found: {m.get('name')!r}")
+
+
+def validate_semantics(obj: dict) -> None:
+    """The rules a real API server enforces beyond the schema, for the kinds we care about."""
+    meta = obj.get("metadata") or {}
+    kind = obj.get("kind")
+    name = meta.get("name", "")
+    if kind in ("Service",):
+        _check_name(name, "metadata.name", _DNS1035_LABEL, 63, "label")
+    elif kind == "Job":
+        _check_name(name, "metadata.name", _DNS1123_SUBDOMAIN, 63, "subdomain")
+    elif kind not in ("LocalQueue", "ClusterQueue", "ResourceFlavor", "Workload"):
+        _check_name(name, "metadata.name", _DNS1123_SUBDOMAIN, 253, "subdomain")
+    _check_labels(meta.get("labels") or {}, "metadata.labels")
+    if kind == "Pod":
+        _check_pod_spec(obj.get("spec") or {}, "spec")
+    if kind == "Job":
+        template = (obj.get("spec") or {}).get("template") or {}
+        tspec = template.get("spec") or {}
+        _check_labels((template.get("metadata") or {}).get("labels") or {},
+                      "spec.template.metadata.labels")
+        _check_pod_spec(tspec, "spec.template.spec")
+        if tspec.get("restartPolicy") not in ("Never", "OnFailure"):
+            raise Invalid("spec.template.spec.restartPolicy",
+                          f"Unsupported value: {tspec.get('restartPolicy')!r}: supported "
+                          "values: \"OnFailure\", \"Never\"")
+        spec = obj.get("spec") or {}
+        if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
+            raise Invalid("spec.completions",
+                          "Required value: when completion mode is Indexed")
+
+
+def validate(obj: dict) -> None:
+    """Validate schema then semantics; raise :class:`Invalid` with the offending field."""
+    validate_schema(obj)
+    validate_semantics(obj)

@@ -1,0 +1,343 @@
+"""The Kubernetes test harness itself, exercised the way our code and KubeSpawner use a
+cluster: kubernetes-asyncio over real HTTP against the emulator, with pods really running as
+local processes."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.rest import ApiException
+
+from tests.kube.cluster import KubeCluster
+from tests.kube.fixtures import kube, kube_nodes  # noqa: F401  (until conftest registers it)
+from tests.kube.waiting import eventually
+
+NS = "tunehub"
+
+
+@pytest.fixture
+async def api(kube: KubeCluster) -> AsyncIterator[client.ApiClient]:  # noqa: F811
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=str(kube.kubeconfig), client_configuration=cfg)
+    async with client.ApiClient(cfg) as api_client:
+        yield api_client
+
+
+def job_body(name: str, code: str, **spec: object) -> dict:
+    container = {"name": "main", "image": "python:3.11", "command": ["python", "-c", code]}
+    container.update(spec.pop("container", {}))  # type: ignore[arg-type]
+    pod_spec = {"restartPolicy": "Never", "containers": [container]}
+    pod_spec.update(spec.pop("pod", {}))  # type: ignore[arg-type]
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"backoffLimit": 0, "template": {"spec": pod_spec}, **spec}}
+
+
+def condition(obj: dict, type_: str) -> dict | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_ and c["status"] == "True":
+            return c
+    return None
+
+
+async def finished_job(kube: KubeCluster, name: str, timeout: float = 60) -> dict:  # noqa: F811
+    async def done() -> dict | None:
+        job = kube.get("jobs", name)
+        return job if job and (condition(job, "Complete") or condition(job, "Failed")) else None
+
+    return await eventually(done, timeout, f"job {name} to finish")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie still answers kill(0): look at its state
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_invalid_object_is_refused_with_422(kube: KubeCluster,  # noqa: F811
+                                                  api: client.ApiClient) -> None:
+    batch = client.BatchV1Api(api)
+    body = job_body("bad", "print(1)", container={"resourcez": {}})
+    with pytest.raises(ApiException) as err:
+        await batch.create_namespaced_job(NS, body)
+    assert err.value.status == 422
+    status = json.loads(err.value.body)
+    assert status["kind"] == "Status" and status["reason"] == "Invalid"
+    assert "spec.template.spec.containers[0]" in status["message"]
+    assert "resourcez" in status["message"]
+    with pytest.raises(ApiException) as err:  # GPU requests must equal limits
+        await batch.create_namespaced_job(NS, job_body("gpu", "1", container={"resources": {
+            "requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}}))
+    assert err.value.status == 422 and "nvidia.com/gpu" in json.loads(err.value.body)["message"]
+    with pytest.raises(ApiException) as err:
+        await client.CoreV1Api(api).read_namespaced_pod("nope", NS)
+    assert err.value.status == 404 and json.loads(err.value.body)["reason"] == "NotFound"
+    assert kube.objects("jobs") == []
+
+
+async def test_already_exists_and_conflict(api: client.ApiClient) -> None:
+    core = client.CoreV1Api(api)
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}}
+    created = await core.create_namespaced_config_map(NS, cm)
+    with pytest.raises(ApiException) as err:
+        await core.create_namespaced_config_map(NS, cm)
+    assert err.value.status == 409 and json.loads(err.value.body)["reason"] == "AlreadyExists"
+    await core.patch_namespaced_config_map("c", NS, {"data": {"a": "2"}})
+    stale = {**cm, "metadata": {"name": "c",
+                                "resourceVersion": created.metadata.resource_version}}
+    with pytest.raises(ApiException) as err:
+        await core.replace_namespaced_config_map("c", NS, stale)
+    assert err.value.status == 409 and json.loads(err.value.body)["reason"] == "Conflict"
+
+
+async def test_watch_replays_from_resource_version_and_410_when_compacted(
+        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+    core = client.CoreV1Api(api)
+    start = (await core.list_namespaced_config_map(NS)).metadata.resource_version
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "w"}, "data": {"a": "1"}}
+    await core.create_namespaced_config_map(NS, cm)
+    await core.patch_namespaced_config_map("w", NS, {"data": {"a": "2"}})
+    await core.delete_namespaced_config_map("w", NS)
+    seen = []
+    stream = watch.Watch().stream(core.list_namespaced_config_map, NS, resource_version=start,
+                                  timeout_seconds=1)
+    async for event in stream:
+        seen.append((event["type"], int(event["object"].metadata.resource_version),
+                     (event["object"].data or {}).get("a")))
+    assert [t for t, _, _ in seen] == ["ADDED", "MODIFIED", "DELETED"]
+    assert [rv for _, rv, _ in seen] == sorted(rv for _, rv, _ in seen)
+    assert all(rv > int(start) for _, rv, _ in seen) and seen[1][2] == "2"
+    kube.compact()
+    with pytest.raises(ApiException) as err:
+        async for _ in watch.Watch().stream(core.list_namespaced_config_map, NS,
+                                            resource_version=start, timeout_seconds=1):
+            pass
+    assert err.value.status == 410
+
+
+async def test_label_and_field_selectors(api: client.ApiClient) -> None:
+    core = client.CoreV1Api(api)
+    for name, labels in (("a", {"app": "x", "tier": "web"}), ("b", {"app": "y"}),
+                         ("c", {"app": "z", "tier": "db"})):
+        await core.create_namespaced_config_map(NS, {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": labels}})
+
+    async def names(**kw: str) -> list[str]:
+        return [o.metadata.name for o in (await core.list_namespaced_config_map(NS, **kw)).items]
+
+    assert await names(label_selector="app=x") == ["a"]
+    assert await names(label_selector="app!=x") == ["b", "c"]
+    assert await names(label_selector="app in (x, z)") == ["a", "c"]
+    assert await names(label_selector="app notin (x,z)") == ["b"]
+    assert await names(label_selector="tier") == ["a", "c"]
+    assert await names(label_selector="!tier") == ["b"]
+    assert await names(label_selector="app,tier=db") == ["c"]
+    assert await names(field_selector="metadata.name=b") == ["b"]
+    assert await names(field_selector="metadata.name!=b", label_selector="tier") == ["a", "c"]
+
+
+async def test_job_pod_writes_into_mapped_claim_and_completes(
+        kube: KubeCluster, api: client.ApiClient, tmp_path: Path) -> None:  # noqa: F811
+    data = kube.map_claim("tunehub-data", tmp_path / "shared")
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    await core.create_namespaced_secret(NS, {"apiVersion": "v1", "kind": "Secret",
+                                             "metadata": {"name": "tok"},
+                                             "stringData": {"token": "s3cret"}})
+    code = ("import os, pathlib; d = pathlib.Path(os.environ['TUNEHUB_DATA']);"
+            "(d / 'out.txt').write_text(os.environ['TOKEN'] + ' ' + os.environ['POD'] + ' '"
+            " + os.getcwd()); print('hello from the pod')")
+    body = job_body("writer", code, container={
+        "env": [{"name": "TUNEHUB_DATA", "value": str(data)},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "tok", "key": "token"}}},
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "workingDir": str(data / "work"),
+        "volumeMounts": [{"name": "data", "mountPath": str(data)}]},
+        pod={"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "tunehub-data"}}]})
+    await batch.create_namespaced_job(NS, body)
+    job = await finished_job(kube, "writer")
+    assert condition(job, "Complete"), job["status"]
+    assert job["status"]["succeeded"] == 1
+    pods = kube.objects("pods", label_selector="job-name=writer")
+    assert len(pods) == 1 and pods[0]["status"]["phase"] == "Succeeded"
+    pod = pods[0]["metadata"]["name"]
+    assert (data / "out.txt").read_text() == f"s3cret {pod} {data / 'work'}"
+    terminated = pods[0]["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 0 and terminated["reason"] == "Completed"
+    log = await core.read_namespaced_pod_log(pod, NS)
+    assert "hello from the pod" in log
+
+
+async def test_pod_needing_8_gpus_stays_pending_unschedulable(
+        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+    core = client.CoreV1Api(api)
+    gpus = {"limits": {"nvidia.com/gpu": "8"}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "greedy"},
+           "spec": {"restartPolicy": "Never", "containers": [
+               {"name": "main", "image": "x", "command": ["python", "-c", "1"],
+                "resources": gpus}]}}
+    await core.create_namespaced_pod(NS, pod)
+
+    async def unschedulable() -> dict | None:
+        p = await core.read_namespaced_pod("greedy", NS)
+        for c in p.status.conditions or []:
+            if c.type == "PodScheduled" and c.reason == "Unschedulable":
+                return {"phase": p.status.phase, "message": c.message, "status": c.status}
+        return None
+
+    found = await eventually(unschedulable, 30, "the pod to be reported unschedulable")
+    assert found["phase"] == "Pending" and found["status"] == "False"
+    assert found["message"] == "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    events = await core.list_namespaced_event(
+        NS, field_selector="involvedObject.name=greedy,reason=FailedScheduling")
+    assert [e.message for e in events.items] == [found["message"]]
+    # the same pod asking for two T4s lands on the T4 node and runs
+    t4 = {**pod, "metadata": {"name": "t4"}}
+    t4["spec"] = {**pod["spec"], "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"},
+                  "containers": [{**pod["spec"]["containers"][0],
+                                  "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+    await core.create_namespaced_pod(NS, t4)
+
+    async def t4_done() -> dict | None:
+        p = kube.get("pods", "t4")
+        return p if p and p["status"].get("phase") == "Succeeded" else None
+
+    assert (await eventually(t4_done, 30, "the T4 pod"))["spec"]["nodeName"] == "gpu-t4-0"
+
+
+async def test_delete_job_background_removes_pods_and_kills_process(
+        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+    batch = client.BatchV1Api(api)
+    await batch.create_namespaced_job(NS, job_body("sleeper", "import time; time.sleep(600)"))
+
+    async def running() -> dict | None:
+        return next(iter(kube.pids().values()), {}).get("main")
+
+    pid = await eventually(running, 30, "the job's process to start")
+    assert alive(pid)
+    await batch.delete_namespaced_job("sleeper", NS, propagation_policy="Background")
+
+    async def gone() -> bool:
+        return not kube.objects("pods") and not alive(pid)
+
+    await eventually(gone, 30, "pods deleted and the process killed")
+    assert kube.objects("jobs") == []
+
+
+async def test_delete_job_orphan_keeps_pods(kube: KubeCluster,  # noqa: F811
+                                            api: client.ApiClient) -> None:
+    batch = client.BatchV1Api(api)
+    await batch.create_namespaced_job(NS, job_body("orphan", "import time; time.sleep(600)"))
+
+    async def has_pod() -> list[dict]:
+        return kube.objects("pods", label_selector="job-name=orphan")
+
+    await eventually(has_pod, 30, "the job's pod")
+    await batch.delete_namespaced_job("orphan", NS, propagation_policy="Orphan")
+    pods = kube.objects("pods", label_selector="job-name=orphan")
+    assert len(pods) == 1 and "ownerReferences" not in pods[0]["metadata"]
+
+
+async def test_indexed_job_gets_completion_index(kube: KubeCluster,  # noqa: F811
+                                                 api: client.ApiClient) -> None:
+    data = kube.data_dir
+    code = ("import os, pathlib; i = os.environ['JOB_COMPLETION_INDEX'];"
+            f"pathlib.Path({str(data)!r}, 'idx-' + i).write_text(os.environ['HOSTNAME'])")
+    body = job_body("idx", code, completions=3, parallelism=3, completionMode="Indexed",
+                    container={"volumeMounts": [{"name": "d", "mountPath": str(data)}]},
+                    pod={"volumes": [{"name": "d", "persistentVolumeClaim": {
+                        "claimName": "tunehub-data"}}]})
+    await client.BatchV1Api(api).create_namespaced_job(NS, body)
+    job = await finished_job(kube, "idx")
+    assert condition(job, "Complete"), job["status"]
+    assert job["status"]["completedIndexes"] == "0-2" and job["status"]["succeeded"] == 3
+    assert {p.name: p.read_text() for p in data.glob("idx-*")} == {
+        f"idx-{i}": f"idx-{i}" for i in range(3)}
+    annotations = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+                   for p in kube.objects("pods", label_selector="job-name=idx")}
+    assert annotations == {"0", "1", "2"}
+
+
+async def test_backoff_limit_and_deadline(kube: KubeCluster,  # noqa: F811
+                                          api: client.ApiClient) -> None:
+    batch = client.BatchV1Api(api)
+    failing = job_body("fails", "import sys; sys.exit(3)")
+    failing["spec"]["backoffLimit"] = 1
+    await batch.create_namespaced_job(NS, failing)
+    await batch.create_namespaced_job(NS, job_body(
+        "slow", "import time; time.sleep(600)", activeDeadlineSeconds=1))
+    job = await finished_job(kube, "fails")
+    assert condition(job, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert job["status"]["failed"] == 2
+    codes = [p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"]
+             for p in kube.objects("pods", label_selector="job-name=fails")]
+    assert codes == [3, 3]
+    job = await finished_job(kube, "slow")
+    assert condition(job, "Failed")["reason"] == "DeadlineExceeded"
+
+    async def no_slow_pods() -> bool:
+        return not kube.objects("pods", label_selector="job-name=slow")
+
+    await eventually(no_slow_pods, 30, "the deadline-exceeded pod to be deleted")
+
+
+async def test_suspended_job_waits_until_resumed(kube: KubeCluster,  # noqa: F811
+                                                 api: client.ApiClient) -> None:
+    batch = client.BatchV1Api(api)
+    await batch.create_namespaced_job(NS, job_body("held", "print('ran')", suspend=True))
+
+    async def suspended() -> dict | None:
+        job = kube.get("jobs", "held")
+        return job if job and condition(job, "Suspended") else None
+
+    await eventually(suspended, 30, "the Suspended condition")
+    assert kube.objects("pods") == []
+    await batch.patch_namespaced_job("held", NS, {"spec": {"suspend": False}})
+    assert condition(await finished_job(kube, "held"), "Complete")
+
+
+async def test_admission_errors_and_mount_mismatch(kube: KubeCluster,  # noqa: F811
+                                                   api: client.ApiClient) -> None:
+    core = client.CoreV1Api(api)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"restartPolicy": "Never", "priorityClassName": "nope",
+                    "containers": [{"name": "m", "image": "x", "command": ["true"]}]}}
+    with pytest.raises(ApiException) as err:
+        await core.create_namespaced_pod(NS, pod)
+    assert err.value.status == 403
+    assert "no PriorityClass with name nope was found" in json.loads(err.value.body)["message"]
+    del pod["spec"]["priorityClassName"]
+    pod["spec"]["volumes"] = [{"name": "d", "persistentVolumeClaim": {
+        "claimName": "tunehub-data"}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "d", "mountPath": "/data"}]
+    await core.create_namespaced_pod(NS, pod)
+
+    async def failed() -> dict | None:
+        p = kube.get("pods", "p")
+        return p if p and p["status"].get("phase") == "Failed" else None
+
+    status = (await eventually(failed, 30, "the pod to fail"))["status"]
+    assert status["reason"] == "FailedMount"
+    assert f"mount it at {kube.data_dir}" in status["message"]
+
+
+async def test_counters_separate_client_requests_from_harness(
+        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+    kube.counters.reset()
+    batch = client.BatchV1Api(api)
+    await batch.create_namespaced_job(NS, job_body("count", "print(1)"))
+    await finished_job(kube, "count")
+    await batch.list_namespaced_job(NS)
+    assert kube.counters.snapshot() == {("create", "jobs"): 1, ("list", "jobs"): 1}
+    assert kube.counters.writes() == 1 and kube.counters.reads() == 1
+    harness = kube.counters.snapshot("harness")
+    assert harness[("create", "pods")] == 1 and harness[("create", "pods/binding")] == 1
