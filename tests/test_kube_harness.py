@@ -341,3 +341,60 @@ async def test_counters_separate_client_requests_from_harness(
     assert kube.counters.writes() == 1 and kube.counters.reads() == 1
     harness = kube.counters.snapshot("harness")
     assert harness[("create", "pods")] == 1 and harness[("create", "pods/binding")] == 1
+
+
+async def test_kubespawner_objects_validate_and_notebook_pod_is_reachable(
+        kube: KubeCluster, api: client.ApiClient, unused_tcp_port: int) -> None:  # noqa: F811
+    """KubeSpawner's own object builders and reflector against the emulator: the pod passes
+    schema validation, is scheduled on the requested GPU type, runs, and answers HTTP."""
+    import httpx
+    from kubespawner.objects import make_pod
+    from kubespawner.reflector import NamespacedResourceReflector
+
+    await config.load_kube_config(config_file=str(kube.kubeconfig))  # KubeSpawner's global
+    scheduling = client.SchedulingV1Api(api)
+    await scheduling.create_priority_class({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": "notebooks"}, "value": 1000})
+    port = unused_tcp_port
+    pod = make_pod(
+        name="jupyter-alice", cmd=["python", "-m", "http.server", str(port)], port=port,
+        image="tunehub/notebook:latest", labels={"component": "singleuser-server"},
+        env={"JUPYTERHUB_USER": "alice"}, cpu_limit=2, mem_limit="4G",
+        extra_resource_limits={"nvidia.com/gpu": "1"},
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        priority_class_name="notebooks", allow_privilege_escalation=False,
+        working_dir=str(kube.data_dir), uid=os.getuid())
+    reflector = NamespacedResourceReflector(kind="pods", namespace=NS,
+                                            labels={"component": "singleuser-server"})
+    await reflector.start()
+    try:
+        body = api.sanitize_for_serialization(pod)
+        await client.CoreV1Api(api).create_namespaced_pod(NS, body)
+
+        async def running() -> dict | None:
+            found = reflector.resources.get(f"{NS}/jupyter-alice")
+            return found if found and found["status"].get("phase") == "Running" else None
+
+        seen = await eventually(running, 30, "the reflector to see the pod Running")
+        assert seen["spec"]["nodeName"] == "gpu-a100-0" and seen["spec"]["priority"] == 1000
+
+        async def answers() -> bool:
+            try:
+                async with httpx.AsyncClient() as http:
+                    r = await http.get(f"http://{seen['status']['podIP']}:{port}/")
+                return r.status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        await eventually(answers, 30, "the notebook pod to answer HTTP")
+        await client.CoreV1Api(api).delete_namespaced_pod("jupyter-alice", NS,
+                                                           grace_period_seconds=1)
+
+        async def removed() -> bool:
+            return f"{NS}/jupyter-alice" not in reflector.resources and not kube.pids()
+
+        await eventually(removed, 30, "the pod to disappear and its process to stop")
+    finally:
+        await reflector.stop()

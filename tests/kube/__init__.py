@@ -1,0 +1,78 @@
+"""A Kubernetes cluster to test against, on one machine: an API server emulator over real HTTP
+plus a scheduler/kubelet stand-in that runs pods' commands as local processes, and a Job
+controller. No mocks: clients (kubernetes-asyncio, KubeSpawner, kubectl) talk HTTP to it.
+
+Fixture API (stable; ``pytest_plugins = ["tests.kube.fixtures"]`` or import the fixtures)::
+
+    def test_something(kube):            # function-scoped, a fresh cluster per test
+        kube.url                         # "http://127.0.0.1:PORT" (no auth, plain HTTP)
+        kube.kubeconfig                  # Path of a kubeconfig (context namespace = tunehub)
+        kube.namespace                   # "tunehub" (exists, with ServiceAccount "default")
+        kube.data_dir                    # local dir backing PVC "tunehub-data" (PVC exists)
+        kube.map_claim("tunehub-data", path)   # back a claim by another local dir
+        kube.counters                    # tests.kube.store.Counters (see below)
+        kube.objects("pods", label_selector="job-name=x")   # snapshot list of dicts
+        kube.objects("jobs")             # group defaults to batch for jobs
+        kube.objects("priorityclasses", None, group="scheduling.k8s.io")  # None = all ns
+        kube.get("jobs", "name")         # one object or None
+        kube.pod_log("pod-name")         # captured stdout+stderr of the (first) container
+        kube.pids()                      # {pod: {container: pid}} of live processes
+        kube.compact()                   # drop watch history: old resourceVersions -> 410
+        kube.nodes                       # the FakeNode list (override fixture kube_nodes)
+
+Default nodes (``tests.kube.cluster.default_nodes``): ``gpu-a100-0`` (2 x
+``NVIDIA-A100-SXM4-80GB``), ``gpu-t4-0`` (4 x ``Tesla-T4``), ``cpu-0``; GPU nodes carry
+``nvidia.com/gpu.product`` / ``nvidia.com/gpu.count`` labels and ``nvidia.com/gpu`` capacity.
+Override with ``@pytest.fixture def kube_nodes(): return [FakeNode(..., taints=[...])]``.
+
+Counters: every request is counted per (client, verb, resource), verbs get/list/watch/create/
+update/patch/delete/deletecollection, resource e.g. ``jobs``, ``pods/status``. Requests of
+this harness (User-Agent ``tunehub-kube-harness/...``) are counted as client ``harness``,
+everything else as ``client``: ``kube.counters.writes()`` / ``.reads()`` /
+``.snapshot()`` -> ``{(verb, resource): n}``, ``.reset()``; also ``GET /_emulator/counters``.
+
+What the emulator does like a real API server: discovery, CRUD for core/v1 (namespaces,
+nodes, pods, services, endpoints, secrets, configmaps, events, persistentvolumeclaims,
+serviceaccounts), batch/v1 jobs, scheduling.k8s.io/v1 priorityclasses, networking.k8s.io/v1
+networkpolicies, kueue.x-k8s.io/v1beta1 localqueues/clusterqueues/resourceflavors/workloads;
+``/status``, ``pods/log``, ``pods/binding``; label selectors (=, ==, !=, in, notin, key, !key)
+and field selectors (any dotted path, = and !=); list + watch with resourceVersion (replay,
+410 Gone after compaction, ``timeoutSeconds``); merge, strategic-merge (applied as merge)
+and JSON patch; 409 AlreadyExists / Conflict (stale resourceVersion); ``dryRun``;
+generateName, uid, creationTimestamp, generation; defaulting (pod spec, Job selector and
+labels, limits -> requests); admission (namespace must exist, service account must exist,
+``priorityClassName`` must exist -> 403, resolves ``spec.priority``); every stored object is
+validated against the Kubernetes 1.36 OpenAPI schema (kubernetes-validate, strict: unknown
+fields rejected) plus semantic checks (names, labels, requests <= limits, extended resources
+integer with requests == limits, Job restartPolicy) -> 422 ``Status`` reason Invalid.
+Deletion: propagationPolicy Background / Foreground delete dependents via ownerReferences,
+Orphan strips them; without a policy Jobs orphan their pods (the real batch/v1 default).
+
+Kubelet/scheduler: binds pending pods by priority (then age) honoring nodeSelector, required
+and preferred node affinity, taints/tolerations and requests vs free capacity; preempts
+lower-priority pods (DisruptionTarget condition, then delete) when that makes room;
+unschedulable pods get PodScheduled=False/Unschedulable with the scheduler's message
+("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.") and one FailedScheduling Event
+per distinct message. Bound pods run: see :mod:`tests.kube.runner` for env, volumes (a claim
+is visible only when mounted at exactly its mapped local directory; otherwise the pod fails
+with reason FailedMount and a message saying where to mount it), restart policies and logs.
+
+Job controller: NonIndexed and Indexed (JOB_COMPLETION_INDEX env, index annotation/label,
+hostname), parallelism/completions, suspend, backoffLimit (OnFailure restarts count),
+activeDeadlineSeconds, ttlSecondsAfterFinished, FailedCreate events, conditions
+SuccessCriteriaMet/Complete and FailureTarget/Failed with reasons BackoffLimitExceeded /
+DeadlineExceeded. Kueue stand-in: see :mod:`tests.kube.kueue`.
+
+Standalone: ``python -m tests.kube --data DIR`` prints one JSON line (url, kubeconfig,
+namespace, data, counters URL) and serves until SIGINT/SIGTERM.
+
+Not emulated: authentication/RBAC, graceful pod termination as an API state (deleted pods
+vanish at once; the kubelet then SIGTERMs, and SIGKILLs after min(grace, 3 s)), cluster DNS
+(headless Service names do not resolve), read-only enforcement of mounts, images, OOM kills,
+server-side apply, pagination (``limit`` is ignored: lists are complete).
+"""
+
+from .cluster import DATA_CLAIM, KubeCluster, default_nodes
+from .nodes import FakeNode
+
+__all__ = ["DATA_CLAIM", "FakeNode", "KubeCluster", "default_nodes"]

@@ -205,8 +205,8 @@ class PodRunner:
                 if not err.retry:
                     return
                 await asyncio.sleep(1.0)  # the kubelet retries config errors periodically
-        self.status.pop("message", None)
-        self.status.pop("reason", None)
+        for key in ("message", "reason", "containerStatuses"):
+            self.status.pop(key, None)
         self.status.update({"hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
                             "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
                             "startTime": now()})
@@ -220,10 +220,12 @@ class PodRunner:
         await self._finish(dict(results), containers)
 
     async def _start(self, c: dict, env: dict[str, str]) -> asyncio.subprocess.Process | str:
-        if not c.get("command"):
-            return ("the kube harness runs a container's command as a local process and needs "
-                    "an explicit spec.containers[].command (image entrypoints are unavailable)")
-        argv = [_expand(a, env) for a in c["command"] + (c.get("args") or [])]
+        # Without a command the image's entrypoint would run the args (tini -- args, as in
+        # Jupyter images): run the args. Nothing at all: the image's CMD is unknowable here.
+        argv = [_expand(a, env) for a in (c.get("command") or []) + (c.get("args") or [])]
+        if not argv:
+            return ("the kube harness runs a container's command/args as a local process and "
+                    "needs spec.containers[].command or args (images are not run)")
         exe = shutil.which(argv[0], path=env["PATH"]) if "/" not in argv[0] else argv[0]
         if exe is None:
             return f'exec: "{argv[0]}": executable file not found in $PATH'
@@ -270,12 +272,15 @@ class PodRunner:
             if self.deleted or policy == "Never" or (policy == "OnFailure" and code == 0):
                 return c["name"], code
             restarts, last = restarts + 1, {"terminated": term}
+            self._set_container(c, {"waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off restarting failed container {c['name']}"}}, restarts, last)
             await self.report()
             await asyncio.sleep(min(0.5 * 2 ** restarts, 5.0))  # CrashLoopBackOff
 
     def _set_container(self, c: dict, state: dict, restarts: int, last: dict | None) -> None:
         statuses = [s for s in self.status.get("containerStatuses", [])
-                    if s["name"] != c["name"] and "waiting" not in s.get("state", {})]
+                    if s["name"] != c["name"]]
         statuses.append(self._container_status(c, state, restarts, last))
         names = [x["name"] for x in self.pod["spec"]["containers"]]
         self.status["containerStatuses"] = sorted(statuses, key=lambda s: names.index(s["name"])
