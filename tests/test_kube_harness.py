@@ -398,3 +398,58 @@ async def test_kubespawner_objects_validate_and_notebook_pod_is_reachable(
         await eventually(removed, 30, "the pod to disappear and its process to stop")
     finally:
         await reflector.stop()
+
+
+async def test_kueue_admits_within_quota_and_queues_the_rest(
+        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+    """Two 2-GPU jobs against a 2-GPU quota: one runs, the other waits with Kueue's message
+    and is admitted (onto the flavor's nodes) when the first finishes."""
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                 "metadata": {"name": "a100"},
+                 "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}})
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+                 "metadata": {"name": "gpus"},
+                 "spec": {"namespaceSelector": {}, "resourceGroups": [{
+                     "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                     "flavors": [{"name": "a100", "resources": [
+                         {"name": "cpu", "nominalQuota": "16"},
+                         {"name": "memory", "nominalQuota": "64Gi"},
+                         {"name": "nvidia.com/gpu", "nominalQuota": "2"}]}]}]}})
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+                 "metadata": {"name": "team"}, "spec": {"clusterQueue": "gpus"}})
+    release = kube.data_dir / "release"
+    code = ("import pathlib, time\n"
+            f"while not pathlib.Path({str(release)!r}).exists():\n"
+            "    time.sleep(0.05)\n")
+    batch = client.BatchV1Api(api)
+    for name in ("first", "second"):
+        body = job_body(name, code, container={"resources": {
+            "limits": {"nvidia.com/gpu": "2", "cpu": "1", "memory": "1Gi"}}})
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+        created = await batch.create_namespaced_job(NS, body)
+        assert created.spec.suspend is True  # the webhook suspends queued Jobs
+
+    async def one_running() -> dict | None:
+        pods = [p for p in kube.objects("pods") if p["status"].get("phase") == "Running"]
+        return pods[0] if len(pods) == 1 else None
+
+    pod = await eventually(one_running, 30, "the first job's pod to run")
+    assert pod["metadata"]["labels"]["job-name"] == "first"
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+
+    async def second_pending() -> str | None:
+        for w in kube.objects("workloads"):
+            if w["spec"]["podSets"][0]["template"]["metadata"]["labels"]["job-name"] == \
+                    "second":
+                conds = (w.get("status") or {}).get("conditions") or []
+                return next((c["message"] for c in conds if c["type"] == "QuotaReserved"
+                             and c["status"] == "False"), None)
+        return None
+
+    message = await eventually(second_pending, 30, "the second workload to be pending")
+    assert message == ("couldn't assign flavors to pod set main: insufficient quota for "
+                       "nvidia.com/gpu in flavor a100, 2 more needed")
+    assert kube.get("jobs", "second")["spec"]["suspend"] is True
+    release.write_text("go")
+    for name in ("first", "second"):
+        assert condition(await finished_job(kube, name), "Complete")

@@ -151,6 +151,10 @@ class Admission:
             spec.setdefault("completions", 1)
         spec.setdefault("backoffLimit", 6)
         spec.setdefault("suspend", False)
+        kueue = lookup("kueue.x-k8s.io", "v1beta1", "clusterqueues")
+        if ((job["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+                and kueue is not None and self.store.list(kueue, None)):
+            spec["suspend"] = True  # Kueue's mutating webhook: queued Jobs start suspended
         spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
         spec.setdefault("manualSelector", False)
         template = spec.setdefault("template", {})

@@ -70,7 +70,7 @@ class HarnessClient:
         """Replace an object's whole ``status`` through ``/status`` (JSON patch)."""
         try:
             return await self.request("PATCH", path + "/status",
-                                      [{"op": "replace", "path": "/status", "value": status}],
+                                      [{"op": "add", "path": "/status", "value": status}],
                                       content_type="application/json-patch+json")
         except ApiFailure as exc:
             if exc.status != 404:

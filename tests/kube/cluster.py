@@ -13,7 +13,9 @@ from .client import ApiFailure, HarnessClient
 from .emulator import Emulator
 from .jobs import JobController
 from .kubelet import Kubelet
+from .kueue import KueueController
 from .nodes import FakeNode
+from .resources import RESOURCES
 from .store import Counters
 
 DATA_CLAIM = "tunehub-data"
@@ -44,6 +46,7 @@ class KubeCluster:
         self.emulator = Emulator(self.workdir / "logs")
         self.kubelet: Kubelet | None = None
         self.jobs: JobController | None = None
+        self.kueue: KueueController | None = None
         self.url = ""
         self.kubeconfig = self.workdir / "kubeconfig.yaml"
 
@@ -91,11 +94,15 @@ class KubeCluster:
             await client.close()
         self.kubelet = Kubelet(self.url, self.nodes, self.claims, self.emulator.log_dir)
         self.jobs = JobController(self.url)
+        self.kueue = KueueController(self.url)
         await self.kubelet.start()
         await self.jobs.start()
+        await self.kueue.start()
 
     def stop(self) -> None:
         async def _stop() -> None:
+            if self.kueue:
+                await self.kueue.stop()
             if self.jobs:
                 await self.jobs.stop()
             if self.kubelet:
@@ -113,13 +120,38 @@ class KubeCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- inspection helpers for tests ----------------------------------------------------------
+    # -- helpers for tests ---------------------------------------------------------------------
+    def create(self, obj: dict) -> dict:
+        """Create ``obj`` through the API as the harness (not counted as a ``client``
+        request): for seeding PriorityClasses, Kueue queues, Secrets... ``obj`` needs
+        apiVersion and kind; namespaced objects default to the cluster's namespace."""
+        from .admission import kind_resource
+
+        res = kind_resource(obj.get("apiVersion", ""), obj.get("kind", ""))
+        if res is None:
+            raise KeyError(f"unknown kind {obj.get('apiVersion')} {obj.get('kind')}")
+        base = f"/apis/{res.group}/{res.version}" if res.group else "/api/v1"
+        if res.namespaced:
+            ns = obj.get("metadata", {}).get("namespace") or self.namespace
+            base += f"/namespaces/{ns}"
+
+        async def _create() -> dict:
+            client = HarnessClient(self.url, "test")
+            try:
+                return await client.create(f"{base}/{res.plural}", obj)
+            finally:
+                await client.close()
+
+        return self.emulator.call(_create())
+
     def objects(self, plural: str, namespace: str | None = "", group: str = "",
                 version: str = "v1", label_selector: str | None = None) -> list[dict]:
         """Stored objects of one resource (a snapshot, read directly from the store).
         ``namespace=""`` means the cluster's namespace, ``None`` all namespaces."""
-        if plural == "jobs" and not group:
-            group = "batch"
+        if not group:  # unique plurals (jobs, workloads...) find their own group/version
+            found = [r for r in RESOURCES if r.plural == plural]
+            if len(found) == 1:
+                group, version = found[0].group, found[0].version
         ns = self.namespace if namespace == "" else namespace
         return self.emulator.objects(plural, ns, group, version, label_selector)
 
