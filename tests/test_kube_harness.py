@@ -453,3 +453,65 @@ async def test_kueue_admits_within_quota_and_queues_the_rest(
     release.write_text("go")
     for name in ("first", "second"):
         assert condition(await finished_job(kube, name), "Complete")
+
+
+async def test_higher_priority_pod_preempts_lower_priority_one(
+        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+    for name, value in (("sweep-low", 100), ("notebook", 1000)):
+        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                     "metadata": {"name": name}, "value": value})
+    core = client.CoreV1Api(api)
+
+    def a100_pod(name: str, priority: str) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"restartPolicy": "Never", "priorityClassName": priority,
+                         "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+                         "containers": [{"name": "m", "image": "x", "command": [
+                             "python", "-c", "import time; time.sleep(600)"],
+                             "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}
+
+    await core.create_namespaced_pod(NS, a100_pod("low", "sweep-low"))
+
+    async def low_running() -> int | None:
+        return kube.pids().get("low", {}).get("m")
+
+    low_pid = await eventually(low_running, 30, "the low-priority pod to run")
+    watcher = watch.Watch()
+    rv = (await core.list_namespaced_pod(NS)).metadata.resource_version
+    await core.create_namespaced_pod(NS, a100_pod("high", "notebook"))
+    deleted = None
+    async for event in watcher.stream(core.list_namespaced_pod, NS, resource_version=rv,
+                                      field_selector="metadata.name=low", timeout_seconds=30):
+        if event["type"] == "DELETED":
+            deleted = event["object"]
+            break
+    assert deleted is not None, "the low-priority pod was not preempted"
+    reasons = {c.type: c.reason for c in deleted.status.conditions}
+    assert reasons["DisruptionTarget"] == "PreemptionByScheduler"
+
+    async def high_running() -> dict | None:
+        p = kube.get("pods", "high")
+        return p if p and p["status"].get("phase") == "Running" and not alive(low_pid) else None
+
+    assert (await eventually(high_running, 30, "the high-priority pod to run"))["spec"][
+        "nodeName"] == "gpu-a100-0"
+
+
+async def test_follow_log_and_on_failure_restarts(kube: KubeCluster,  # noqa: F811
+                                                  api: client.ApiClient) -> None:
+    """OnFailure restarts the container in place (counting toward backoffLimit); the log
+    follows across restarts until the container finishes."""
+    marker = kube.data_dir / "attempts"
+    code = (f"import pathlib, sys; p = pathlib.Path({str(marker)!r}); "
+            "n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1)); "
+            "print('attempt', n + 1, flush=True); sys.exit(0 if n >= 1 else 1)")
+    body = job_body("retry", code, pod={"restartPolicy": "OnFailure"})
+    body["spec"]["backoffLimit"] = 2
+    await client.BatchV1Api(api).create_namespaced_job(NS, body)
+    job = await finished_job(kube, "retry")
+    assert condition(job, "Complete"), job["status"]
+    pod = kube.objects("pods", label_selector="job-name=retry")[0]
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 1
+    log = await client.CoreV1Api(api).read_namespaced_pod_log(pod["metadata"]["name"], NS,
+                                                              follow=True)
+    assert log.splitlines() == ["attempt 1", "attempt 2"]

@@ -201,6 +201,8 @@ class Emulator:
             try:
                 patched = apply_patch(request.content_type, old, body)
             except PatchError as exc:
+                if "content type" in str(exc):
+                    raise ApiError(415, "UnsupportedMediaType", str(exc)) from None
                 raise ApiError(422, "Invalid", str(exc)) from None
             return web.json_response(self._update(res, namespace, name or "", patched, sub, q))
         delete_opts = (await self._body(request, optional=True)) or {}
@@ -392,7 +394,34 @@ class Emulator:
         tail = request.query.get("tailLines")
         if tail:
             text = b"".join(text.splitlines(keepends=True)[-int(tail):])
-        return web.Response(body=text, content_type="text/plain")
+        if request.query.get("follow", "").lower() not in ("true", "1"):
+            return web.Response(body=text, content_type="text/plain")
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        await resp.write(text)
+        offset = path.stat().st_size
+        while True:  # follow: stream growth until the container is done or the pod is gone
+            current = self.store.get(pods, namespace, name)
+            finished = current is None or self._container_done(current, container)
+            size = path.stat().st_size
+            if size > offset:
+                with path.open("rb") as f:
+                    f.seek(offset)
+                    await resp.write(f.read(size - offset))
+                offset = size
+            elif finished:
+                return resp
+            await asyncio.sleep(0.1)  # poll the log file as the kubelet's log reader does
+
+    @staticmethod
+    def _container_done(pod: dict, container: str) -> bool:
+        if pod["status"].get("phase") in ("Succeeded", "Failed"):
+            return True
+        for s in pod["status"].get("containerStatuses") or []:
+            if s["name"] == container:
+                return "terminated" in s.get("state", {})
+        return False
 
     async def _watch(self, request: web.Request, res: Resource,
                      namespace: str | None) -> web.StreamResponse:

@@ -61,6 +61,7 @@ class JobController:
         self._deleting: set[str] = set()  # pod uids we deleted on purpose
         self._create_errors: dict[str, str] = {}
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self._queued: set[tuple[str, str]] = set()  # dedupe: one pending reconcile per Job
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -83,7 +84,7 @@ class JobController:
             self.failed.pop(uid, None)
             self.succeeded.pop(uid, None)
             return
-        self._queue.put_nowait((job["metadata"]["namespace"], job["metadata"]["name"]))
+        self._enqueue((job["metadata"]["namespace"], job["metadata"]["name"]))
 
     def _owner(self, pod: dict) -> dict | None:
         for ref in pod["metadata"].get("ownerReferences") or []:
@@ -105,18 +106,24 @@ class JobController:
             self.failed.setdefault(juid, set()).add(puid)
         if type_ == "DELETED":
             self._deleting.discard(puid)
-        self._queue.put_nowait((job["metadata"]["namespace"], job["metadata"]["name"]))
+        self._enqueue((job["metadata"]["namespace"], job["metadata"]["name"]))
 
     async def _ticker(self) -> None:
         """Deadlines and TTLs are time-based: re-check every Job twice a second."""
         while True:
             await asyncio.sleep(0.5)
             for ns, name in list(self.jobs.cache):
-                self._queue.put_nowait((ns, name))
+                self._enqueue((ns, name))
+
+    def _enqueue(self, key: tuple[str, str]) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
 
     async def _worker(self) -> None:
         while True:
             key = await self._queue.get()
+            self._queued.discard(key)
             job = self.jobs.cache.get(key)
             if job is None:
                 continue
