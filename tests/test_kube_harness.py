@@ -14,14 +14,13 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.rest import ApiException
 
 from tests.kube.cluster import KubeCluster
-from tests.kube.fixtures import kube, kube_nodes  # noqa: F401  (until conftest registers it)
 from tests.kube.waiting import eventually
 
 NS = "tunehub"
 
 
 @pytest.fixture
-async def api(kube: KubeCluster) -> AsyncIterator[client.ApiClient]:  # noqa: F811
+async def api(kube: KubeCluster) -> AsyncIterator[client.ApiClient]:
     cfg = client.Configuration()
     await config.load_kube_config(config_file=str(kube.kubeconfig), client_configuration=cfg)
     async with client.ApiClient(cfg) as api_client:
@@ -44,7 +43,7 @@ def condition(obj: dict, type_: str) -> dict | None:
     return None
 
 
-async def finished_job(kube: KubeCluster, name: str, timeout: float = 60) -> dict:  # noqa: F811
+async def finished_job(kube: KubeCluster, name: str, timeout: float = 60) -> dict:
     async def done() -> dict | None:
         job = kube.get("jobs", name)
         return job if job and (condition(job, "Complete") or condition(job, "Failed")) else None
@@ -63,7 +62,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def test_invalid_object_is_refused_with_422(kube: KubeCluster,  # noqa: F811
+async def test_invalid_object_is_refused_with_422(kube: KubeCluster,
                                                   api: client.ApiClient) -> None:
     batch = client.BatchV1Api(api)
     body = job_body("bad", "print(1)", container={"resourcez": {}})
@@ -100,7 +99,7 @@ async def test_already_exists_and_conflict(api: client.ApiClient) -> None:
 
 
 async def test_watch_replays_from_resource_version_and_410_when_compacted(
-        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+        kube: KubeCluster, api: client.ApiClient) -> None:
     core = client.CoreV1Api(api)
     start = (await core.list_namespaced_config_map(NS)).metadata.resource_version
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "w"}, "data": {"a": "1"}}
@@ -147,7 +146,7 @@ async def test_label_and_field_selectors(api: client.ApiClient) -> None:
 
 
 async def test_job_pod_writes_into_mapped_claim_and_completes(
-        kube: KubeCluster, api: client.ApiClient, tmp_path: Path) -> None:  # noqa: F811
+        kube: KubeCluster, api: client.ApiClient, tmp_path: Path) -> None:
     data = kube.map_claim("tunehub-data", tmp_path / "shared")
     core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
     await core.create_namespaced_secret(NS, {"apiVersion": "v1", "kind": "Secret",
@@ -178,7 +177,7 @@ async def test_job_pod_writes_into_mapped_claim_and_completes(
 
 
 async def test_pod_needing_8_gpus_stays_pending_unschedulable(
-        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+        kube: KubeCluster, api: client.ApiClient) -> None:
     core = client.CoreV1Api(api)
     gpus = {"limits": {"nvidia.com/gpu": "8"}}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "greedy"},
@@ -215,7 +214,7 @@ async def test_pod_needing_8_gpus_stays_pending_unschedulable(
 
 
 async def test_delete_job_background_removes_pods_and_kills_process(
-        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+        kube: KubeCluster, api: client.ApiClient) -> None:
     batch = client.BatchV1Api(api)
     await batch.create_namespaced_job(NS, job_body("sleeper", "import time; time.sleep(600)"))
 
@@ -233,7 +232,7 @@ async def test_delete_job_background_removes_pods_and_kills_process(
     assert kube.objects("jobs") == []
 
 
-async def test_delete_job_orphan_keeps_pods(kube: KubeCluster,  # noqa: F811
+async def test_delete_job_orphan_keeps_pods(kube: KubeCluster,
                                             api: client.ApiClient) -> None:
     batch = client.BatchV1Api(api)
     await batch.create_namespaced_job(NS, job_body("orphan", "import time; time.sleep(600)"))
@@ -247,7 +246,7 @@ async def test_delete_job_orphan_keeps_pods(kube: KubeCluster,  # noqa: F811
     assert len(pods) == 1 and "ownerReferences" not in pods[0]["metadata"]
 
 
-async def test_indexed_job_gets_completion_index(kube: KubeCluster,  # noqa: F811
+async def test_indexed_job_gets_completion_index(kube: KubeCluster,
                                                  api: client.ApiClient) -> None:
     data = kube.data_dir
     code = ("import os, pathlib; i = os.environ['JOB_COMPLETION_INDEX'];"
@@ -267,7 +266,7 @@ async def test_indexed_job_gets_completion_index(kube: KubeCluster,  # noqa: F81
     assert annotations == {"0", "1", "2"}
 
 
-async def test_backoff_limit_and_deadline(kube: KubeCluster,  # noqa: F811
+async def test_backoff_limit_and_deadline(kube: KubeCluster,
                                           api: client.ApiClient) -> None:
     batch = client.BatchV1Api(api)
     failing = job_body("fails", "import sys; sys.exit(3)")
@@ -290,7 +289,7 @@ async def test_backoff_limit_and_deadline(kube: KubeCluster,  # noqa: F811
     await eventually(no_slow_pods, 30, "the deadline-exceeded pod to be deleted")
 
 
-async def test_suspended_job_waits_until_resumed(kube: KubeCluster,  # noqa: F811
+async def test_suspended_job_waits_until_resumed(kube: KubeCluster,
                                                  api: client.ApiClient) -> None:
     batch = client.BatchV1Api(api)
     await batch.create_namespaced_job(NS, job_body("held", "print('ran')", suspend=True))
@@ -305,7 +304,7 @@ async def test_suspended_job_waits_until_resumed(kube: KubeCluster,  # noqa: F81
     assert condition(await finished_job(kube, "held"), "Complete")
 
 
-async def test_admission_errors_and_mount_mismatch(kube: KubeCluster,  # noqa: F811
+async def test_admission_errors_and_mount_mismatch(kube: KubeCluster,
                                                    api: client.ApiClient) -> None:
     core = client.CoreV1Api(api)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
@@ -331,7 +330,7 @@ async def test_admission_errors_and_mount_mismatch(kube: KubeCluster,  # noqa: F
 
 
 async def test_counters_separate_client_requests_from_harness(
-        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+        kube: KubeCluster, api: client.ApiClient) -> None:
     kube.counters.reset()
     batch = client.BatchV1Api(api)
     await batch.create_namespaced_job(NS, job_body("count", "print(1)"))
@@ -344,7 +343,7 @@ async def test_counters_separate_client_requests_from_harness(
 
 
 async def test_kubespawner_objects_validate_and_notebook_pod_is_reachable(
-        kube: KubeCluster, api: client.ApiClient, unused_tcp_port: int) -> None:  # noqa: F811
+        kube: KubeCluster, api: client.ApiClient, unused_tcp_port: int) -> None:
     """KubeSpawner's own object builders and reflector against the emulator: the pod passes
     schema validation, is scheduled on the requested GPU type, runs, and answers HTTP."""
     import httpx
@@ -401,7 +400,7 @@ async def test_kubespawner_objects_validate_and_notebook_pod_is_reachable(
 
 
 async def test_kueue_admits_within_quota_and_queues_the_rest(
-        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+        kube: KubeCluster, api: client.ApiClient) -> None:
     """Two 2-GPU jobs against a 2-GPU quota: one runs, the other waits with Kueue's message
     and is admitted (onto the flavor's nodes) when the first finishes."""
     kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
@@ -456,7 +455,7 @@ async def test_kueue_admits_within_quota_and_queues_the_rest(
 
 
 async def test_higher_priority_pod_preempts_lower_priority_one(
-        kube: KubeCluster, api: client.ApiClient) -> None:  # noqa: F811
+        kube: KubeCluster, api: client.ApiClient) -> None:
     for name, value in (("sweep-low", 100), ("notebook", 1000)):
         kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                      "metadata": {"name": name}, "value": value})
@@ -497,7 +496,7 @@ async def test_higher_priority_pod_preempts_lower_priority_one(
         "nodeName"] == "gpu-a100-0"
 
 
-async def test_follow_log_and_on_failure_restarts(kube: KubeCluster,  # noqa: F811
+async def test_follow_log_and_on_failure_restarts(kube: KubeCluster,
                                                   api: client.ApiClient) -> None:
     """OnFailure restarts the container in place (counting toward backoffLimit); the log
     follows across restarts until the container finishes."""
