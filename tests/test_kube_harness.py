@@ -514,3 +514,45 @@ async def test_follow_log_and_on_failure_restarts(kube: KubeCluster,
     log = await client.CoreV1Api(api).read_namespaced_pod_log(pod["metadata"]["name"], NS,
                                                               follow=True)
     assert log.splitlines() == ["attempt 1", "attempt 2"]
+
+
+async def test_update_rules_dry_run_collection_delete_and_ttl(
+        kube: KubeCluster, api: client.ApiClient) -> None:
+    batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
+    with pytest.raises(ApiException) as err:
+        await core.create_namespaced_secret(NS, {"apiVersion": "v1", "kind": "Secret",
+                                                 "metadata": {"name": "s"},
+                                                 "data": {"k": "not base64!"}})
+    assert err.value.status == 422 and "data[k]" in json.loads(err.value.body)["message"]
+    dry = await batch.create_namespaced_job(NS, job_body("dry", "1"), dry_run="All")
+    assert dry.metadata.name == "dry" and kube.objects("jobs") == []
+    await batch.create_namespaced_job(NS, job_body("held", "1", suspend=True))
+    # scheduling directives of a suspended, never started Job may change (Kueue does this)
+    await batch.patch_namespaced_job("held", NS, {"spec": {"template": {"spec": {
+        "nodeSelector": {"nvidia.com/gpu.product": "Tesla-T4"}}}}})
+    with pytest.raises(ApiException) as err:
+        await batch.patch_namespaced_job("held", NS, {"spec": {"template": {"spec": {
+            "containers": [{"name": "main", "image": "other", "command": ["true"]}]}}}})
+    assert err.value.status == 422
+    assert "spec.template" in json.loads(err.value.body)["message"]
+    job = await batch.read_namespaced_job("held", NS)  # read-modify-write keeps working
+    job.metadata.labels["touched"] = "yes"
+    await batch.replace_namespaced_job("held", NS, job)
+    await batch.delete_collection_namespaced_job(NS, label_selector="touched=yes",
+                                                 propagation_policy="Background")
+    assert kube.objects("jobs") == []
+    rv = (await batch.list_namespaced_job(NS)).metadata.resource_version
+    await batch.create_namespaced_job(NS, job_body("brief", "1", ttlSecondsAfterFinished=0))
+    types = []
+    async for event in watch.Watch().stream(batch.list_namespaced_job, NS, resource_version=rv,
+                                            timeout_seconds=30):
+        types.append(event["type"])
+        if event["type"] == "DELETED":
+            assert condition(api.sanitize_for_serialization(event["object"]), "Complete")
+            break
+    assert types[0] == "ADDED" and types[-1] == "DELETED"
+
+    async def pods_gone() -> bool:
+        return not kube.objects("pods")
+
+    await eventually(pods_gone, 30, "the TTL-deleted Job's pods to be collected")

@@ -23,6 +23,7 @@ from aiohttp import web
 from . import resources
 from .admission import BUILTIN_PRIORITY_CLASSES, Admission, Refused
 from .http_errors import ApiError, error_response, not_found, status_body, success
+from .immutability import check_update
 from .patch import PatchError, apply_patch
 from .resources import Resource
 from .selectors import SelectorError, field_matcher, label_matcher
@@ -288,12 +289,14 @@ class Emulator:
         try:
             validate(obj)
         except Invalid as exc:
-            name = (obj.get("metadata") or {}).get("name", "")
-            message = f'{res.qualified} "{name}" is invalid: {exc}'
-            raise ApiError(422, "Invalid", message, {
-                "name": name, "group": res.group, "kind": res.kind,
-                "causes": [{"reason": "FieldValueInvalid", "message": exc.message,
-                            "field": exc.field}]}) from None
+            raise self._invalid(res, (obj.get("metadata") or {}).get("name", ""), exc) from None
+
+    @staticmethod
+    def _invalid(res: Resource, name: str, exc: Invalid) -> ApiError:
+        return ApiError(422, "Invalid", f'{res.qualified} "{name}" is invalid: {exc}', {
+            "name": name, "group": res.group, "kind": res.kind,
+            "causes": [{"reason": "FieldValueInvalid", "message": exc.message,
+                        "field": exc.field}]})
 
     def _create(self, res: Resource, namespace: str | None, body: Any,
                 dry_run: bool = False) -> dict:
@@ -331,6 +334,11 @@ class Emulator:
                            "latest version and try again",
                            {"name": name, "group": res.group, "kind": res.plural})
         merged = self.admission.on_update(res, old, body, sub)
+        if sub is None:
+            try:
+                check_update(res.plural, old, merged)
+            except Invalid as exc:
+                raise self._invalid(res, name, exc) from None
         self._check(res, merged)
         if "dryRun" in q:
             return merged

@@ -7,6 +7,8 @@ over (object and label names, requests <= limits, extended resources such as nvi
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 import re
@@ -32,6 +34,7 @@ _SUFFIX = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "":
            "P": Decimal(10**15), "E": Decimal(10**18), "Ki": Decimal(2**10),
            "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
            "Pi": Decimal(2**50), "Ei": Decimal(2**60)}
+_DATA_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _STANDARD_RESOURCES = {"cpu", "memory", "ephemeral-storage", "pods"}
 
 
@@ -170,6 +173,26 @@ def _check_pod_spec(spec: dict, field: str) -> None:
                               f"Not found: {m.get('name')!r}")
 
 
+def _check_data(obj: dict, kind: str) -> None:
+    size = 0
+    for field in ("data", "binaryData"):
+        for key, value in (obj.get(field) or {}).items():
+            if not _DATA_KEY.match(key):
+                raise Invalid(f"{field}[{key}]", f"Invalid value: {key!r}: a valid config key "
+                                                 "must consist of alphanumeric characters, "
+                                                 "'-', '_' or '.'")
+            if kind == "Secret" or field == "binaryData":
+                try:
+                    size += len(base64.b64decode(value, validate=True))
+                except (binascii.Error, ValueError):
+                    raise Invalid(f"{field}[{key}]",
+                                  "Invalid value: illegal base64 data") from None
+            else:
+                size += len(str(value).encode())
+    if size > 1024 * 1024:
+        raise Invalid("data", f"Too long: must have at most 1048576 bytes (got {size})")
+
+
 def validate_semantics(obj: dict) -> None:
     """The rules a real API server enforces beyond the schema, for the kinds we care about."""
     meta = obj.get("metadata") or {}
@@ -182,6 +205,8 @@ def validate_semantics(obj: dict) -> None:
     elif kind not in ("LocalQueue", "ClusterQueue", "ResourceFlavor", "Workload"):
         _check_name(name, "metadata.name", _DNS1123_SUBDOMAIN, 253, "subdomain")
     _check_labels(meta.get("labels") or {}, "metadata.labels")
+    if kind in ("Secret", "ConfigMap"):
+        _check_data(obj, kind)
     if kind == "Pod":
         _check_pod_spec(obj.get("spec") or {}, "spec")
     if kind == "Job":
