@@ -556,3 +556,30 @@ async def test_update_rules_dry_run_collection_delete_and_ttl(
         return not kube.objects("pods")
 
     await eventually(pods_gone, 30, "the TTL-deleted Job's pods to be collected")
+
+
+async def test_image_pull_errors_and_oom_kills_surface_like_a_cluster(
+        kube: KubeCluster, api: client.ApiClient) -> None:
+    kube.runtime.missing_images.add("registry.example/missing:1")
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_pod(NS, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nopull"},
+        "spec": {"restartPolicy": "Never", "containers": [
+            {"name": "m", "image": "registry.example/missing:1", "command": ["true"]}]}})
+
+    async def pull_error() -> str | None:
+        p = kube.get("pods", "nopull")
+        waiting = [s["state"]["waiting"] for s in p["status"].get("containerStatuses") or []
+                   if "waiting" in s["state"]] if p else []
+        return waiting[0]["reason"] if waiting and p["status"]["phase"] == "Pending" else None
+
+    assert await eventually(pull_error, 30, "ErrImagePull") in ("ErrImagePull",
+                                                                 "ImagePullBackOff")
+    hog = job_body("hog", "x = b'x' * (300 * 1024 * 1024); import time; time.sleep(600)",
+                   container={"resources": {"limits": {"memory": "64Mi"}}})
+    await client.BatchV1Api(api).create_namespaced_job(NS, hog)
+    job = await finished_job(kube, "hog")
+    assert condition(job, "Failed")["reason"] == "BackoffLimitExceeded"
+    pod = kube.objects("pods", label_selector="job-name=hog")[0]
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137)

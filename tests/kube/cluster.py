@@ -16,6 +16,7 @@ from .kubelet import Kubelet
 from .kueue import KueueController
 from .nodes import FakeNode
 from .resources import RESOURCES
+from .runner import Runtime
 from .store import Counters
 
 DATA_CLAIM = "tunehub-data"
@@ -44,6 +45,8 @@ class KubeCluster:
         self.data_dir = Path(data_dir) if data_dir else self.workdir / "data"
         self.map_claim(DATA_CLAIM, self.data_dir)
         self.emulator = Emulator(self.workdir / "logs")
+        #: container runtime knobs: ``missing_images`` (set), ``enforce_memory_limits`` (bool)
+        self.runtime = Runtime(self.claims, self.emulator.log_dir, 0)
         self.kubelet: Kubelet | None = None
         self.jobs: JobController | None = None
         self.kueue: KueueController | None = None
@@ -92,7 +95,8 @@ class KubeCluster:
                 raise
         finally:
             await client.close()
-        self.kubelet = Kubelet(self.url, self.nodes, self.claims, self.emulator.log_dir)
+        self.runtime.api_port = int(self.url.rsplit(":", 1)[1])
+        self.kubelet = Kubelet(self.url, self.nodes, self.runtime)
         self.jobs = JobController(self.url)
         self.kueue = KueueController(self.url)
         await self.kubelet.start()

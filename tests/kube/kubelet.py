@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 from .admission import now
 from .client import ApiFailure, HarnessClient, Informer, path_of
 from .nodes import TERMINAL, FakeNode, choose_node, preemption_victims
-from .runner import PodRunner
+from .runner import PodRunner, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +18,8 @@ log = logging.getLogger(__name__)
 class Kubelet:
     """One process-wide kubelet for all fake nodes, plus the default scheduler."""
 
-    def __init__(self, url: str, nodes: list[FakeNode], claims: dict[str, Path],
-                 log_dir: Path) -> None:
-        self.url, self.nodes, self.claims, self.log_dir = url, nodes, claims, log_dir
+    def __init__(self, url: str, nodes: list[FakeNode], runtime: Runtime) -> None:
+        self.url, self.nodes, self.runtime = url, nodes, runtime
         self.client = HarnessClient(url, "kubelet")
         self.pods = Informer(self.client, "/api/v1/pods", self._on_pod)
         self.runners: dict[str, PodRunner] = {}
@@ -67,8 +65,7 @@ class Kubelet:
         if (node in {n.name for n in self.nodes} and uid not in self.runners
                 and pod["status"].get("phase") not in TERMINAL
                 and not pod["status"].get("startTime")):
-            runner = PodRunner(self.client, pod, self.claims, self.log_dir,
-                               int(self.url.rsplit(":", 1)[1]))
+            runner = PodRunner(self.client, pod, self.runtime)
             self.runners[uid] = runner
             runner.task = asyncio.create_task(self._run(runner))
 

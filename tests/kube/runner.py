@@ -17,10 +17,12 @@ import shutil
 import signal
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .admission import now
 from .client import ApiFailure, HarnessClient, path_of
+from .validation import parse_quantity
 
 #: Longest we wait between SIGTERM and SIGKILL, whatever terminationGracePeriodSeconds says.
 GRACE_CAP = 3.0
@@ -39,15 +41,47 @@ def _expand(value: str, env: dict[str, str]) -> str:
     return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), value)
 
 
+@dataclass
+class Runtime:
+    """What the container runtime stand-in knows about the host, shared by all pods.
+
+    ``claims`` maps PVC names to local directories; images in ``missing_images`` fail to pull
+    (ErrImagePull, then ImagePullBackOff, pod stays Pending); with ``enforce_memory_limits``
+    a container whose process tree's RSS exceeds its memory limit is SIGKILLed and reported
+    as OOMKilled (exit code 137), like the kernel's cgroup OOM killer."""
+
+    claims: dict[str, Path]
+    log_dir: Path
+    api_port: int
+    missing_images: set[str] = field(default_factory=set)
+    enforce_memory_limits: bool = True
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident memory in bytes of ``pid`` and its descendants."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return total
+
+
 class PodRunner:
     """Owns the processes of one pod and reports its status through the API."""
 
-    def __init__(self, client: HarnessClient, pod: dict, claims: dict[str, Path],
-                 log_dir: Path, api_port: int) -> None:
-        self.client, self.pod, self.claims = client, pod, claims
+    def __init__(self, client: HarnessClient, pod: dict, runtime: Runtime) -> None:
+        self.client, self.pod, self.runtime = client, pod, runtime
+        self.claims = runtime.claims
         self.name, self.namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
-        self.log_dir = log_dir / self.namespace / self.name
-        self.api_port = api_port
+        self.log_dir = runtime.log_dir / self.namespace / self.name
+        self.api_port = runtime.api_port
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.deleted = False
         self.status: dict = dict(pod.get("status") or {})
@@ -132,6 +166,27 @@ class PodRunner:
                 env[name] = value
         return env
 
+    def check_image(self, container: dict) -> None:
+        image = container.get("image", "")
+        if image in self.runtime.missing_images:
+            pulls = getattr(self, "_pulls", 0)
+            self._pulls = pulls + 1
+            if pulls == 0:
+                raise PodConfigError("ErrImagePull", f'Failed to pull image "{image}": rpc '
+                                     "error: code = NotFound desc = failed to pull and unpack "
+                                     f'image "{image}": not found', retry=True)
+            raise PodConfigError("ImagePullBackOff", f'Back-off pulling image "{image}"',
+                                 retry=True)
+
+    async def _watch_memory(self, proc: asyncio.subprocess.Process, limit: int) -> bool:
+        """Kill the container's process group once its resident memory exceeds ``limit``."""
+        while proc.returncode is None:
+            if _tree_rss(proc.pid) > limit:
+                _signal(proc, signal.SIGKILL)
+                return True
+            await asyncio.sleep(0.1)  # sampling interval of the OOM stand-in
+        return False
+
     # -- volumes -------------------------------------------------------------------------------
     def check_mounts(self, container: dict) -> None:
         volumes = {v["name"]: v for v in self.pod["spec"].get("volumes") or []}
@@ -197,6 +252,7 @@ class PodRunner:
         while True:
             try:
                 for c in (self.pod["spec"].get("initContainers") or []) + containers:
+                    self.check_image(c)
                     self.check_mounts(c)
                     envs[c["name"]] = await self.environment(c)
                 break
@@ -262,10 +318,19 @@ class PodRunner:
                     self.status["phase"] = "Running"
                     self.status["conditions"] = self._conditions(True)
                 await self.report()
+                limit = ((c.get("resources") or {}).get("limits") or {}).get("memory")
+                monitor = asyncio.create_task(self._watch_memory(
+                    proc, int(parse_quantity(limit)))) if (
+                    limit and self.runtime.enforce_memory_limits) else None
                 code = await proc.wait()
+                oom = False
+                if monitor is not None:
+                    oom = monitor.result() if monitor.done() else False
+                    monitor.cancel()
                 if code < 0:  # killed by a signal: report as a shell would
                     code = 128 - code
-                term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+                reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
+                term = {"exitCode": code, "reason": reason}
             term.update({"startedAt": started, "finishedAt": now(),
                          "containerID": f"harness://{self.name}/{c['name']}"})
             self._set_container(c, {"terminated": term}, restarts, last)
