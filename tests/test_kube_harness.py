@@ -583,3 +583,40 @@ async def test_image_pull_errors_and_oom_kills_surface_like_a_cluster(
     pod = kube.objects("pods", label_selector="job-name=hog")[0]
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137)
+
+
+async def test_pod_failure_policy_ignores_preemption_and_fails_fast_on_exit_code(
+        kube: KubeCluster, api: client.ApiClient) -> None:
+    for name, value in (("sweep-low", 100), ("notebook", 1000)):
+        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                     "metadata": {"name": name}, "value": value})
+    marker = kube.data_dir / "first-attempt"
+    code = (f"import pathlib, time; p = pathlib.Path({str(marker)!r})\n"
+            "if not p.exists():\n    p.write_text('1'); time.sleep(600)\n")
+    gpus = {"resources": {"limits": {"nvidia.com/gpu": "2"}}}
+    a100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    policy = {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}
+    batch = client.BatchV1Api(api)
+    await batch.create_namespaced_job(NS, job_body(
+        "low", code, container=gpus, podFailurePolicy=policy,
+        pod={"priorityClassName": "sweep-low", "nodeSelector": a100}))
+
+    async def started() -> bool:
+        return marker.exists()
+
+    await eventually(started, 30, "the low-priority job to start")
+    await batch.create_namespaced_job(NS, job_body(
+        "high", "pass", container=gpus, pod={"priorityClassName": "notebook",
+                                             "nodeSelector": a100}))
+    for name in ("high", "low"):
+        job = await finished_job(kube, name)
+        assert condition(job, "Complete"), (name, job["status"])
+    assert "failed" not in kube.get("jobs", "low")["status"]  # the preemption was ignored
+    fail = job_body("crash", "import sys; sys.exit(42)", podFailurePolicy=policy)
+    fail["spec"]["backoffLimit"] = 5
+    await batch.create_namespaced_job(NS, fail)
+    failed = condition(await finished_job(kube, "crash"), "Failed")
+    assert failed["reason"] == "PodFailurePolicy"
+    assert "failed with exit code 42 matching FailJob rule at index 1" in failed["message"]

@@ -51,6 +51,32 @@ def _compress(indexes: set[int]) -> str:
     return ",".join(out)
 
 
+def pod_failure_action(spec: dict, pod: dict) -> tuple[str | None, str]:
+    """The ``podFailurePolicy`` rule matching a failed pod: (action, message) or (None, "")."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    where = f"{meta['namespace']}/{meta['name']}"
+    for i, rule in enumerate((spec.get("podFailurePolicy") or {}).get("rules") or []):
+        action, codes = rule["action"], rule.get("onExitCodes")
+        if codes:
+            for cs in status.get("containerStatuses") or []:
+                term = (cs.get("state") or {}).get("terminated")
+                if not term or term["exitCode"] == 0 or (
+                        codes.get("containerName") not in (None, cs["name"])):
+                    continue
+                hit = term["exitCode"] in codes["values"]
+                if hit == (codes["operator"] == "In"):
+                    return action, (f"Container {cs['name']} for pod {where} failed with exit "
+                                    f"code {term['exitCode']} matching {action} rule at index "
+                                    f"{i}")
+        for pattern in rule.get("onPodConditions") or []:
+            for c in status.get("conditions") or []:
+                if c["type"] == pattern["type"] and c["status"] == pattern.get("status",
+                                                                               "True"):
+                    return action, (f"Pod {where} has condition {c['type']} matching "
+                                    f"{action} rule at index {i}")
+    return None, ""
+
+
 class JobController:
     def __init__(self, url: str) -> None:
         self.client = HarnessClient(url, "job-controller")
@@ -59,6 +85,7 @@ class JobController:
         self.failed: dict[str, set[str]] = {}  # job uid -> uids of pods counted as failed
         self.succeeded: dict[str, set[str]] = {}
         self._deleting: set[str] = set()  # pod uids we deleted on purpose
+        self.fail_job: dict[str, str] = {}  # job uid -> message of a matched FailJob rule
         self._create_errors: dict[str, str] = {}
         self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self._queued: set[tuple[str, str]] = set()  # dedupe: one pending reconcile per Job
@@ -103,7 +130,11 @@ class JobController:
         if phase == "Succeeded":
             self.succeeded.setdefault(juid, set()).add(puid)
         elif phase == "Failed" or (type_ == "DELETED" and puid not in self._deleting):
-            self.failed.setdefault(juid, set()).add(puid)
+            action, message = pod_failure_action(job["spec"], pod)
+            if action == "FailJob":
+                self.fail_job.setdefault(juid, message)
+            if action != "Ignore":
+                self.failed.setdefault(juid, set()).add(puid)
         if type_ == "DELETED":
             self._deleting.discard(puid)
         self._enqueue((job["metadata"]["namespace"], job["metadata"]["name"]))
@@ -171,6 +202,8 @@ class JobController:
                                                            "JobResumed", "Job resumed")
             status.setdefault("startTime", now())
             failure = self._failure(spec, status, failed_total)
+            if uid in self.fail_job:
+                failure = ("PodFailurePolicy", self.fail_job[uid])
             if failure:
                 await self._delete_pods(active)
                 reason, message = failure

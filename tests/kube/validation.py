@@ -220,6 +220,10 @@ def validate_semantics(obj: dict) -> None:
                           f"Unsupported value: {tspec.get('restartPolicy')!r}: supported "
                           "values: \"OnFailure\", \"Never\"")
         spec = obj.get("spec") or {}
+        if spec.get("podFailurePolicy") and tspec.get("restartPolicy") != "Never":
+            raise Invalid("spec.template.spec.restartPolicy",
+                          "Invalid value: only \"Never\" is supported when podFailurePolicy "
+                          "is specified")
         if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
             raise Invalid("spec.completions",
                           "Required value: when completion mode is Indexed")
