@@ -19,6 +19,10 @@ Fixture API (stable; ``pytest_plugins = ["tests.kube.fixtures"]`` or import the 
         kube.pids()                      # {pod: {container: pid}} of live processes
         kube.compact()                   # drop watch history: old resourceVersions -> 410
         kube.nodes                       # the FakeNode list (override fixture kube_nodes)
+        kube.create(obj)                 # create via the API as the harness (not counted as
+                                         # client): PriorityClasses, Kueue queues, Secrets...
+        kube.runtime.missing_images.add("img:tag")   # pulls fail: ErrImagePull/BackOff
+        kube.runtime.enforce_memory_limits = False   # default True: RSS > limit -> OOMKilled
 
 Default nodes (``tests.kube.cluster.default_nodes``): ``gpu-a100-0`` (2 x
 ``NVIDIA-A100-SXM4-80GB``), ``gpu-t4-0`` (4 x ``Tesla-T4``), ``cpu-0``; GPU nodes carry
@@ -57,19 +61,33 @@ per distinct message. Bound pods run: see :mod:`tests.kube.runner` for env, volu
 is visible only when mounted at exactly its mapped local directory; otherwise the pod fails
 with reason FailedMount and a message saying where to mount it), restart policies and logs.
 
+Updates follow the real rules (:mod:`tests.kube.immutability`): a pod's spec is immutable
+except image/tolerations/activeDeadlineSeconds; a Job's selector, completionMode, completions
+and template are immutable, except scheduling directives (nodeSelector, tolerations, affinity,
+labels, annotations) of a suspended Job that never started.
+
 Job controller: NonIndexed and Indexed (JOB_COMPLETION_INDEX env, index annotation/label,
 hostname), parallelism/completions, suspend, backoffLimit (OnFailure restarts count),
-activeDeadlineSeconds, ttlSecondsAfterFinished, FailedCreate events, conditions
+podFailurePolicy (Ignore / FailJob / Count on exit codes and pod conditions, e.g. ignore
+DisruptionTarget so preemption is not a failure), activeDeadlineSeconds,
+ttlSecondsAfterFinished, FailedCreate events (e.g. missing PriorityClass), conditions
 SuccessCriteriaMet/Complete and FailureTarget/Failed with reasons BackoffLimitExceeded /
-DeadlineExceeded. Kueue stand-in: see :mod:`tests.kube.kueue`.
+DeadlineExceeded / PodFailurePolicy. Pods deleted by others while running (preemption) count
+as failed unless a policy ignores them. Kueue stand-in (:mod:`tests.kube.kueue`): once any
+ClusterQueue exists, Jobs labelled ``kueue.x-k8s.io/queue-name`` are created suspended and
+admitted by quota (Workload objects with QuotaReserved/Admitted conditions and Kueue's
+pending message).
 
 Standalone: ``python -m tests.kube --data DIR`` prints one JSON line (url, kubeconfig,
 namespace, data, counters URL) and serves until SIGINT/SIGTERM.
 
 Not emulated: authentication/RBAC, graceful pod termination as an API state (deleted pods
-vanish at once; the kubelet then SIGTERMs, and SIGKILLs after min(grace, 3 s)), cluster DNS
-(headless Service names do not resolve), read-only enforcement of mounts, images, OOM kills,
-server-side apply, pagination (``limit`` is ignored: lists are complete).
+vanish at once; the kubelet then SIGTERMs, and SIGKILLs after min(grace, 3 s)), finalizers,
+cluster DNS (Service / ``host.subdomain`` names do not resolve) and per-pod network
+namespaces (every pod is 127.0.0.1 and shares the host's ports), runAsUser / read-only
+mounts / securityContext enforcement, images (``command``+``args``, or ``args`` alone, run
+locally), server-side apply (415), pagination (``limit`` ignored: lists are complete),
+watch bookmarks, Kueue cohorts/borrowing/fair sharing.
 """
 
 from .cluster import DATA_CLAIM, KubeCluster, default_nodes

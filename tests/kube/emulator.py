@@ -22,12 +22,13 @@ from aiohttp import web
 
 from . import resources
 from .admission import BUILTIN_PRIORITY_CLASSES, Admission, Refused
-from .http_errors import ApiError, error_response, not_found, status_body, success
+from .http_errors import ApiError, error_response, not_found, success
 from .immutability import check_update
 from .patch import PatchError, apply_patch
 from .resources import Resource
 from .selectors import SelectorError, field_matcher, label_matcher
-from .store import Counters, Store, WatchEvent
+from .store import Counters, Store
+from .streams import serve_log, serve_watch
 from .validation import K8S_VERSION, Invalid, validate
 
 T = TypeVar("T")
@@ -182,11 +183,12 @@ class Emulator:
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
         self.counters.add(client, verb, res.plural + (f"/{sub}" if sub else ""))
         if verb == "watch":
-            return await self._watch(request, res, namespace)
+            assert self._stopping is not None
+            return await serve_watch(request, self.store, res, namespace, self._stopping)
         if verb == "list":
             return web.json_response(self._list(res, namespace, q))
         if sub == "log":
-            return await self._log(request, namespace or "", name or "")
+            return await serve_log(request, self.store, self.log_dir, namespace or "", name or "")
         body = await self._body(request) if method in ("POST", "PUT", "PATCH") else None
         if sub == "binding":
             return web.json_response(self._bind(namespace or "", name or "", body), status=201)
@@ -381,127 +383,6 @@ class Emulator:
         self.store.put(pods, pod)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "code": 201}
-
-    async def _log(self, request: web.Request, namespace: str, name: str) -> web.StreamResponse:
-        pods = resources.lookup("", "v1", "pods")
-        assert pods is not None
-        pod = self._get(pods, namespace, name)
-        names = [c["name"] for c in pod["spec"].get("containers", [])]
-        container = request.query.get("container") or (names[0] if len(names) == 1 else None)
-        if container is None:
-            raise ApiError(400, "BadRequest", f"a container name must be specified for pod "
-                                              f"{name}, choose one of: {names}")
-        if container not in names + [c["name"] for c in pod["spec"].get("initContainers", [])]:
-            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod "
-                                              f"{name}")
-        path = self.log_dir / namespace / name / f"{container}.log"
-        if not path.exists():
-            raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is '
-                                              "waiting to start: ContainerCreating")
-        text = path.read_bytes()
-        tail = request.query.get("tailLines")
-        if tail:
-            text = b"".join(text.splitlines(keepends=True)[-int(tail):])
-        if request.query.get("follow", "").lower() not in ("true", "1"):
-            return web.Response(body=text, content_type="text/plain")
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        await resp.write(text)
-        offset = path.stat().st_size
-        while True:  # follow: stream growth until the container is done or the pod is gone
-            current = self.store.get(pods, namespace, name)
-            finished = current is None or self._container_done(current, container)
-            size = path.stat().st_size
-            if size > offset:
-                with path.open("rb") as f:
-                    f.seek(offset)
-                    await resp.write(f.read(size - offset))
-                offset = size
-            elif finished:
-                return resp
-            await asyncio.sleep(0.1)  # poll the log file as the kubelet's log reader does
-
-    @staticmethod
-    def _container_done(pod: dict, container: str) -> bool:
-        if pod["status"].get("phase") in ("Succeeded", "Failed"):
-            return True
-        for s in pod["status"].get("containerStatuses") or []:
-            if s["name"] == container:
-                return "terminated" in s.get("state", {})
-        return False
-
-    async def _watch(self, request: web.Request, res: Resource,
-                     namespace: str | None) -> web.StreamResponse:
-        q = request.query
-        try:
-            lm, fm = label_matcher(q.get("labelSelector")), field_matcher(q.get("fieldSelector"))
-        except SelectorError as exc:
-            raise ApiError(400, "BadRequest", f"unable to parse requirement: {exc}") from None
-        rv_param = q.get("resourceVersion") or "0"
-        timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
-        watcher = self.store.subscribe(res, namespace)
-        try:
-            if rv_param == "0":
-                replay = [WatchEvent(int(o["metadata"]["resourceVersion"]), res, "ADDED", o, None)
-                          for o in self.store.list(res, namespace)]
-            else:
-                try:
-                    found = self.store.since(res, int(rv_param))
-                except ValueError:
-                    raise ApiError(400, "BadRequest", f"invalid resourceVersion {rv_param!r}"
-                                   ) from None
-                replay = [e for e in found or [] if namespace is None
-                          or e.obj["metadata"].get("namespace") == namespace]
-                if found is None:
-                    return await self._watch_gone(request, rv_param)
-            resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
-            resp.enable_chunked_encoding()
-            await resp.prepare(request)
-            for event in replay:
-                await self._send(resp, event, lm, fm)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout if timeout else None
-            assert self._stopping is not None
-            while not self._stopping.is_set():
-                wait = 1.0 if deadline is None else min(1.0, deadline - loop.time())
-                if wait <= 0:
-                    break
-                try:
-                    event = await asyncio.wait_for(watcher.queue.get(), wait)
-                except asyncio.TimeoutError:
-                    if request.transport is None or request.transport.is_closing():
-                        break
-                    continue
-                await self._send(resp, event, lm, fm)
-            return resp
-        finally:
-            self.store.unsubscribe(watcher)
-
-    @staticmethod
-    async def _watch_gone(request: web.Request, rv: str) -> web.StreamResponse:
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
-        await resp.prepare(request)
-        message = f"too old resource version: {rv}"
-        event = {"type": "ERROR", "object": status_body(410, "Expired", message)}
-        await resp.write(json.dumps(event).encode() + b"\n")
-        return resp
-
-    @staticmethod
-    async def _send(resp: web.StreamResponse, event: WatchEvent, lm: Any, fm: Any) -> None:
-        def match(o: dict | None) -> bool:
-            return o is not None and lm(o) and fm(o)
-
-        type_ = event.type
-        if type_ == "MODIFIED":
-            now_m, was_m = match(event.obj), match(event.old)
-            if not now_m and not was_m:
-                return
-            type_ = "MODIFIED" if now_m and was_m else ("ADDED" if now_m else "DELETED")
-        elif not match(event.obj):
-            return
-        await resp.write(json.dumps({"type": type_, "object": event.obj}).encode() + b"\n")
-
 
 def _now() -> str:
     from .admission import now
