@@ -244,6 +244,15 @@ async def test_delete_job_orphan_keeps_pods(kube: KubeCluster,
     await batch.delete_namespaced_job("orphan", NS, propagation_policy="Orphan")
     pods = kube.objects("pods", label_selector="job-name=orphan")
     assert len(pods) == 1 and "ownerReferences" not in pods[0]["metadata"]
+    await batch.create_namespaced_job(NS, job_body("fg", "import time; time.sleep(600)"))
+
+    async def fg_pod() -> list[dict]:
+        return kube.objects("pods", label_selector="job-name=fg")
+
+    await eventually(fg_pod, 30, "the second job's pod")
+    await batch.delete_namespaced_job("fg", NS, propagation_policy="Foreground")
+    assert kube.objects("pods", label_selector="job-name=fg") == []
+    assert kube.objects("jobs") == []
 
 
 async def test_indexed_job_gets_completion_index(kube: KubeCluster,
@@ -620,3 +629,31 @@ async def test_pod_failure_policy_ignores_preemption_and_fails_fast_on_exit_code
     failed = condition(await finished_job(kube, "crash"), "Failed")
     assert failed["reason"] == "PodFailurePolicy"
     assert "failed with exit code 42 matching FailJob rule at index 1" in failed["message"]
+
+
+def test_standalone_cluster_serves_until_terminated(tmp_path: Path) -> None:
+    """``python -m tests.kube --data DIR`` (what the benchmark runs): prints its URL and
+    kubeconfig, serves the API and the counters, and exits cleanly on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "-m", "tests.kube", "--data", str(tmp_path / "d"),
+                             "--workdir", str(tmp_path / "w")], cwd=repo,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())  # blocks until the cluster is up
+        assert Path(info["kubeconfig"]).read_text().count(info["url"]) == 1
+        assert (tmp_path / "d").is_dir() and info["namespace"] == "tunehub"
+        nodes = httpx.get(f"{info['url']}/api/v1/nodes", timeout=10).json()["items"]
+        assert {n["metadata"]["name"] for n in nodes} == {"gpu-a100-0", "gpu-t4-0", "cpu-0"}
+        counters = httpx.get(info["counters"], timeout=10).json()
+        assert counters["client"] == {"nodes": {"list": 1}}
+        assert counters["harness"]["nodes"] == {"create": 3}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
