@@ -657,3 +657,47 @@ def test_standalone_cluster_serves_until_terminated(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+async def test_secret_configmap_and_downward_api_volumes(
+        kube: KubeCluster, api: client.ApiClient, tmp_path: Path) -> None:
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_secret(NS, {"apiVersion": "v1", "kind": "Secret",
+                                             "metadata": {"name": "trial-token"},
+                                             "stringData": {"token": "t0k"}})
+    await core.create_namespaced_config_map(NS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                                 "metadata": {"name": "cfg"},
+                                                 "data": {"a.yaml": "x: 1", "b": "2"}})
+    secret_dir, cfg_dir, info_dir = (tmp_path / n for n in ("secret", "cfg", "info"))
+    out = kube.data_dir / "seen"
+    code = ("import pathlib; r = lambda p: pathlib.Path(p).read_text(); "
+            f"pathlib.Path({str(out)!r}).write_text(' '.join(["
+            f"r({str(secret_dir / 'token')!r}), r({str(cfg_dir / 'conf.yaml')!r}), "
+            f"r({str(info_dir / 'labels')!r})]))")
+    mounts = [{"name": "s", "mountPath": str(secret_dir), "readOnly": True},
+              {"name": "c", "mountPath": str(cfg_dir)},
+              {"name": "i", "mountPath": str(info_dir)}]
+    volumes = [{"name": "s", "secret": {"secretName": "trial-token"}},
+               {"name": "c", "configMap": {"name": "cfg",
+                                           "items": [{"key": "a.yaml", "path": "conf.yaml"}]}},
+               {"name": "i", "downwardAPI": {"items": [
+                   {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels['job-name']"}}]}}]
+    await client.BatchV1Api(api).create_namespaced_job(NS, job_body(
+        "vols", code, container={"volumeMounts": mounts}, pod={"volumes": volumes}))
+    assert condition(await finished_job(kube, "vols"), "Complete")
+    assert out.read_text() == "t0k x: 1 vols"
+    assert not secret_dir.exists()  # removed with the pod's end, like a tmpfs unmount
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    await core.create_namespaced_pod(NS, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "clash"},
+        "spec": {"restartPolicy": "Never", "volumes": [volumes[0]], "containers": [
+            {"name": "m", "image": "x", "command": ["true"],
+             "volumeMounts": [{"name": "s", "mountPath": str(taken)}]}]}})
+
+    async def failed() -> dict | None:
+        p = kube.get("pods", "clash")
+        return p if p and p["status"].get("phase") == "Failed" else None
+
+    message = (await eventually(failed, 30, "the clashing pod to fail"))["status"]["message"]
+    assert f"mountPath {taken} already exists" in message

@@ -3,8 +3,8 @@
 Each container's ``command`` + ``args`` run with the pod's environment (plain values,
 ``$(VAR)`` expansion, secretKeyRef / configMapKeyRef / fieldRef / resourceFieldRef, envFrom)
 and ``workingDir``. Images are ignored; ``python`` resolves to the test venv's interpreter.
-A PersistentVolumeClaim is only visible if the test mapped its claim to a local directory and
-the pod mounts it at exactly that path (anything else fails the pod with a clear message).
+Volumes: see :mod:`tests.kube.volumes` (a PersistentVolumeClaim is visible only at the local
+directory the test mapped it to; anything else fails the pod with reason FailedMount).
 Output goes to ``<log_dir>/<namespace>/<pod>/<container>.log`` for ``pods/log``."""
 
 from __future__ import annotations
@@ -23,18 +23,11 @@ from pathlib import Path
 from .admission import now
 from .client import ApiFailure, HarnessClient, path_of
 from .validation import parse_quantity
+from .volumes import Mounter, PodConfigError
 
 #: Longest we wait between SIGTERM and SIGKILL, whatever terminationGracePeriodSeconds says.
 GRACE_CAP = 3.0
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-
-
-class PodConfigError(Exception):
-    """The pod cannot start (bad mount, missing command...): the pod fails with this reason."""
-
-    def __init__(self, reason: str, message: str, retry: bool = False) -> None:
-        super().__init__(message)
-        self.reason, self.message, self.retry = reason, message, retry
 
 
 def _expand(value: str, env: dict[str, str]) -> str:
@@ -85,12 +78,12 @@ class PodRunner:
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.deleted = False
         self.status: dict = dict(pod.get("status") or {})
-        self._created_dirs: list[Path] = []
+        self.mounter = Mounter(pod, runtime.claims, self._ref, self._field)
         self._scratch = Path(tempfile.mkdtemp(prefix=f"kubelet-{self.name}-"))
         self.task: asyncio.Task | None = None
 
     # -- environment -------------------------------------------------------------------------
-    async def _ref(self, kind: str, ref: dict) -> str | None:
+    async def _ref(self, kind: str, ref: dict) -> dict | str | None:
         plural = "secrets" if kind == "secret" else "configmaps"
         try:
             obj = await self.client.request(
@@ -188,32 +181,6 @@ class PodRunner:
         return False
 
     # -- volumes -------------------------------------------------------------------------------
-    def check_mounts(self, container: dict) -> None:
-        volumes = {v["name"]: v for v in self.pod["spec"].get("volumes") or []}
-        for mount in container.get("volumeMounts") or []:
-            vol = volumes[mount["name"]]
-            target = Path(mount["mountPath"])
-            if "persistentVolumeClaim" in vol:
-                claim = vol["persistentVolumeClaim"]["claimName"]
-                if claim not in self.claims:
-                    raise PodConfigError("FailedMount", f'volume "{mount["name"]}": claim '
-                                         f'"{claim}" is not mapped to a local directory in the '
-                                         "kube harness (kube.map_claim)")
-                local = self.claims[claim] / mount.get("subPath", "")
-                if target.resolve() != local.resolve():
-                    raise PodConfigError("FailedMount", f'volume "{mount["name"]}" (claim '
-                                         f'"{claim}" -> {local}) is mounted at {target}, but '
-                                         "the kube harness can only expose a claim at its "
-                                         f"local path: mount it at {local}")
-                local.mkdir(parents=True, exist_ok=True)
-            elif "emptyDir" in vol and not target.is_dir():
-                try:
-                    target.mkdir(parents=True)
-                except OSError as exc:
-                    raise PodConfigError("FailedMount", f'emptyDir "{mount["name"]}" cannot be '
-                                         f"created at {target}: {exc}") from None
-                self._created_dirs.append(target)
-
     # -- lifecycle -----------------------------------------------------------------------------
     async def report(self) -> None:
         if not self.deleted:
@@ -253,7 +220,7 @@ class PodRunner:
             try:
                 for c in (self.pod["spec"].get("initContainers") or []) + containers:
                     self.check_image(c)
-                    self.check_mounts(c)
+                    await self.mounter.mount(c)
                     envs[c["name"]] = await self.environment(c)
                 break
             except PodConfigError as err:
@@ -377,9 +344,7 @@ class PodRunner:
         self.cleanup()
 
     def cleanup(self) -> None:
-        for d in self._created_dirs:
-            shutil.rmtree(d, ignore_errors=True)
-        self._created_dirs.clear()
+        self.mounter.cleanup()
         shutil.rmtree(self._scratch, ignore_errors=True)
 
 
