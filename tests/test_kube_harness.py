@@ -653,7 +653,7 @@ def test_standalone_cluster_serves_until_terminated(tmp_path: Path) -> None:
         assert {n["metadata"]["name"] for n in nodes} == {"gpu-a100-0", "gpu-t4-0", "cpu-0"}
         counters = httpx.get(info["counters"], timeout=10).json()
         assert counters["client"] == {"nodes": {"list": 1}}
-        assert counters["harness"]["nodes"] == {"create": 3}
+        assert counters["harness"]["nodes"]["create"] == 3
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -701,3 +701,33 @@ async def test_secret_configmap_and_downward_api_volumes(
 
     message = (await eventually(failed, 30, "the clashing pod to fail"))["status"]["message"]
     assert f"mountPath {taken} already exists" in message
+
+
+async def test_scheduler_follows_node_objects_cordon_and_taints(
+        kube: KubeCluster, api: client.ApiClient) -> None:
+    """The scheduler reads Node objects, so tainting or cordoning through the API counts."""
+    core = client.CoreV1Api(api)
+    await core.patch_node("gpu-t4-0", {"spec": {"unschedulable": True}})
+    await core.patch_node("gpu-a100-0", {"spec": {"taints": [
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}})
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu1"},
+           "spec": {"restartPolicy": "Never", "containers": [
+               {"name": "m", "image": "x", "command": ["python", "-c", "1"],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    await core.create_namespaced_pod(NS, pod)
+
+    async def message() -> str | None:
+        p = kube.get("pods", "gpu1")
+        conds = [c for c in p["status"].get("conditions") or [] if c.get("reason")] if p else []
+        return conds[0]["message"] if conds else None
+
+    assert await eventually(message, 30, "the unschedulable message") == (
+        "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated "
+        "taint {nvidia.com/gpu: present}, 1 node(s) were unschedulable.")
+    await core.patch_node("gpu-t4-0", {"spec": {"unschedulable": None}})
+
+    async def ran_on_t4() -> bool:
+        p = kube.get("pods", "gpu1")
+        return p["status"].get("phase") == "Succeeded" and p["spec"]["nodeName"] == "gpu-t4-0"
+
+    await eventually(ran_on_t4, 30, "the pod to run on the uncordoned T4 node")

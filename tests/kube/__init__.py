@@ -33,7 +33,8 @@ Counters: every request is counted per (client, verb, resource), verbs get/list/
 update/patch/delete/deletecollection, resource e.g. ``jobs``, ``pods/status``. Requests of
 this harness (User-Agent ``tunehub-kube-harness/...``) are counted as client ``harness``,
 everything else as ``client``: ``kube.counters.writes()`` / ``.reads()`` /
-``.snapshot()`` -> ``{(verb, resource): n}``, ``.reset()``; also ``GET /_emulator/counters``.
+``.snapshot()`` -> ``{(verb, resource): n}``, ``.reset()``; over HTTP
+``GET /_emulator/counters`` (``{client: {resource: {verb: n}}}``), ``DELETE`` resets.
 
 What the emulator does like a real API server: discovery, CRUD for core/v1 (namespaces,
 nodes, pods, services, endpoints, secrets, configmaps, events, persistentvolumeclaims,
@@ -52,14 +53,18 @@ integer with requests == limits, Job restartPolicy) -> 422 ``Status`` reason Inv
 Deletion: propagationPolicy Background / Foreground delete dependents via ownerReferences,
 Orphan strips them; without a policy Jobs orphan their pods (the real batch/v1 default).
 
-Kubelet/scheduler: binds pending pods by priority (then age) honoring nodeSelector, required
+Kubelet/scheduler: the scheduler works from the Node objects in the API (so tests may taint
+or cordon nodes with a patch) and binds pending pods by priority (then age) honoring
+``spec.unschedulable``, nodeSelector, required
 and preferred node affinity, taints/tolerations and requests vs free capacity; preempts
 lower-priority pods (DisruptionTarget condition, then delete) when that makes room;
 unschedulable pods get PodScheduled=False/Unschedulable with the scheduler's message
 ("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.") and one FailedScheduling Event
-per distinct message. Bound pods run: see :mod:`tests.kube.runner` for env, volumes (a claim
-is visible only when mounted at exactly its mapped local directory; otherwise the pod fails
-with reason FailedMount and a message saying where to mount it), restart policies and logs.
+per distinct message. Bound pods run: see :mod:`tests.kube.runner` for env, restart policies
+and logs, and :mod:`tests.kube.volumes` for volumes (a claim is visible only when mounted at
+exactly its mapped local directory, otherwise the pod fails with reason FailedMount and a
+message saying where to mount it; secret/configMap/downwardAPI/projected/emptyDir volumes are
+written at their mountPath for the pod's lifetime, refused over an existing path).
 
 Updates follow the real rules (:mod:`tests.kube.immutability`): a pod's spec is immutable
 except image/tolerations/activeDeadlineSeconds; a Job's selector, completionMode, completions

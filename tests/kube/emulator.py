@@ -150,7 +150,9 @@ class Emulator:
         simple = self._discovery(parts)
         if simple is not None:
             return web.json_response(simple)
-        if parts[:2] == ["_emulator", "counters"]:
+        if parts[:2] == ["_emulator", "counters"]:  # GET: counts, DELETE: reset
+            if request.method == "DELETE":
+                self.counters.reset()
             return web.json_response(self.counters.as_json())
         if parts[:1] == ["api"] and len(parts) >= 3 and parts[1] == "v1":
             group, version, rest = "", "v1", parts[2:]

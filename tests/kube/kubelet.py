@@ -22,6 +22,7 @@ class Kubelet:
         self.url, self.nodes, self.runtime = url, nodes, runtime
         self.client = HarnessClient(url, "kubelet")
         self.pods = Informer(self.client, "/api/v1/pods", self._on_pod)
+        self.node_objects = Informer(self.client, "/api/v1/nodes", self._on_node)
         self.runners: dict[str, PodRunner] = {}
         self._dirty = asyncio.Event()
         self._assumed: dict[str, str] = {}  # pod uid -> node, until the cache shows the bind
@@ -36,8 +37,10 @@ class Kubelet:
                 if exc.status != 409:
                     raise
         self._tasks = [asyncio.create_task(self.pods.run()),
+                       asyncio.create_task(self.node_objects.run()),
                        asyncio.create_task(self._schedule_loop())]
         await asyncio.wait_for(self.pods.synced.wait(), 30)
+        await asyncio.wait_for(self.node_objects.synced.wait(), 30)
 
     async def stop(self) -> None:
         for runner in list(self.runners.values()):
@@ -46,6 +49,18 @@ class Kubelet:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.client.close()
+
+    async def _on_node(self, type_: str, node: dict) -> None:
+        self._dirty.set()
+
+    def schedulable_nodes(self) -> list[FakeNode]:
+        """The scheduler's view: Node objects as stored in the API (labels, taints,
+        allocatable, unschedulable), in the configured order, then any others."""
+        order = {n.name: i for i, n in enumerate(self.nodes)}
+        objs = sorted(self.node_objects.cache.values(),
+                      key=lambda o: (order.get(o["metadata"]["name"], len(order)),
+                                     o["metadata"]["name"]))
+        return [FakeNode.from_object(o) for o in objs]
 
     # -- kubelet -------------------------------------------------------------------------------
     async def _on_pod(self, type_: str, pod: dict) -> None:
@@ -111,15 +126,16 @@ class Kubelet:
                    and not p["metadata"].get("deletionTimestamp")]
         pending.sort(key=lambda p: (-p["spec"].get("priority", 0),
                                     p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
+        nodes = self.schedulable_nodes()
         for pod in pending:
-            node, message = choose_node(pod, self.nodes, pods)
+            node, message = choose_node(pod, nodes, pods)
             if node is not None:
                 if await self._bind(pod, node):
                     pods = [p if p is not pod else {**p, "spec": {**p["spec"],
                                                                  "nodeName": node}}
                             for p in pods]
                 continue
-            preempt = preemption_victims(pod, self.nodes, pods)
+            preempt = preemption_victims(pod, nodes, pods)
             if preempt is not None:
                 await self._preempt(pod, *preempt)
                 pods = [p for p in pods if p not in preempt[1]]

@@ -25,6 +25,18 @@ class FakeNode:
     gpu_product: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[dict] = field(default_factory=list)
+    unschedulable: bool = False
+    allocatable: dict[str, str] | None = None  # from a Node object: overrides cpu/memory/gpus
+
+    @classmethod
+    def from_object(cls, node: dict) -> FakeNode:
+        """The scheduler's view of a Node object (so tests can taint or cordon nodes through
+        the API, as with kubectl)."""
+        spec, status = node.get("spec") or {}, node.get("status") or {}
+        return cls(node["metadata"]["name"], labels=dict(node["metadata"].get("labels") or {}),
+                   taints=list(spec.get("taints") or []),
+                   unschedulable=bool(spec.get("unschedulable")),
+                   allocatable=dict(status.get("allocatable") or status.get("capacity") or {}))
 
     def all_labels(self) -> dict[str, str]:
         labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
@@ -37,6 +49,8 @@ class FakeNode:
         return labels
 
     def capacity(self) -> dict[str, str]:
+        if self.allocatable is not None:
+            return self.allocatable
         cap = {"cpu": self.cpu, "memory": self.memory, "pods": "110",
                "ephemeral-storage": "100Gi"}
         if self.gpus:
@@ -47,6 +61,8 @@ class FakeNode:
         spec: dict = {}
         if self.taints:
             spec["taints"] = self.taints
+        if self.unschedulable:
+            spec["unschedulable"] = True
         return {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": self.name, "labels": self.all_labels()}, "spec": spec,
                 "status": {"capacity": self.capacity(), "allocatable": self.capacity(),
@@ -147,6 +163,8 @@ def insufficient(pod: dict, node: FakeNode, used: Counter) -> list[str]:
 
 def filter_node(pod: dict, node: FakeNode, pods: list[dict]) -> list[str]:
     """Why ``pod`` cannot run on ``node`` (empty list: it fits), in the scheduler's words."""
+    if node.unschedulable:
+        return ["node(s) were unschedulable"]
     if not selector_matches(pod, node.all_labels()):
         return ["node(s) didn't match Pod's node affinity/selector"]
     taint = untolerated_taint(pod, node)
