@@ -166,7 +166,8 @@ class Emulator:
             namespace, rest = rest[1], rest[2:]
         res = resources.lookup(group, version, rest[0])
         if res is None or len(rest) > 3 or (res.namespaced and namespace is None
-                                            and len(rest) > 1):
+                                            and len(rest) > 1) or (
+                not res.namespaced and namespace is not None):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
@@ -181,7 +182,8 @@ class Emulator:
                 "POST": "create", "PUT": "update", "PATCH": "patch",
                 "DELETE": "delete" if name else "deletecollection"}.get(method)
         if verb is None or (method == "POST" and name and sub != "binding") or (
-                method in ("PUT", "PATCH") and not name):
+                method in ("PUT", "PATCH") and not name) or (
+                method == "POST" and res.namespaced and namespace is None):
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
         self.counters.add(client, verb, res.plural + (f"/{sub}" if sub else ""))
         if verb == "watch":
@@ -346,6 +348,7 @@ class Emulator:
         self._check(res, merged)
         if "dryRun" in q:
             return merged
+        merged["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if merged == old:
             return old  # no-op writes do not bump resourceVersion, as on a real server
         self.store.put(res, merged)
