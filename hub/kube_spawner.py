@@ -1,0 +1,184 @@
+"""KubeSpawner with group-limited GPU profiles and spawns that fail fast with a reason.
+
+Why a subclass: stock KubeSpawner waits ``start_timeout`` (minutes) for a pod the scheduler can
+never place, and the user sees only "timeout". Here a request no node can ever hold (more GPUs
+of a type than any node of that type has, per the chart's ``gpuTypes`` inventory) is refused
+before a pod exists, and a pod the scheduler keeps refusing (``FailedScheduling``) fails after
+``unschedulable_timeout`` seconds with the scheduler's own words. The inventory comes from the
+values rather than from listing Nodes because reading Nodes needs cluster-wide RBAC, which the
+chart does not grant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from kubespawner import KubeSpawner
+from traitlets import Bool, Dict, Int, List, Unicode
+
+#: Events after which a pending pod may still get a node (cluster autoscaler, preemption).
+_HOPEFUL_REASONS = {"TriggeredScaleUp", "Scheduled", "Preempted", "Pulling", "Pulled"}
+
+
+class SpawnRefused(Exception):
+    """A spawn that cannot work; JupyterHub shows the message on the spawn page."""
+
+
+def largest(gpu_types: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The GPU type with the most GPUs on one node."""
+    return max(gpu_types, key=lambda g: int(g["maxPerNode"]), default=None)
+
+
+def fit_problem(gpus: int, gpu_type: str, gpu_types: list[dict[str, Any]]) -> str | None:
+    """Why ``gpus`` GPUs (of ``gpu_type``, or of any type if empty) fit on no node, or None."""
+    if gpus <= 0:
+        return None
+    if gpu_type:
+        inv = next((g for g in gpu_types if g["name"] == gpu_type), None)
+        if inv is None:
+            return f"GPU type {gpu_type!r} is not configured in this cluster"
+        if gpus > int(inv["maxPerNode"]):
+            return (f"no node has {gpus} × {inv['product']} GPUs; the largest has "
+                    f"{inv['maxPerNode']}")
+        return None
+    best = largest(gpu_types)
+    if best is None:
+        return f"this cluster has no GPUs configured (gpuTypes); {gpus} requested"
+    if gpus > int(best["maxPerNode"]):
+        return (f"no node has {gpus} GPUs; the largest has {best['maxPerNode']} "
+                f"({best['product']})")
+    return None
+
+
+def unschedulable_reason(events: list[dict[str, Any]]) -> str | None:
+    """The scheduler's message if the newest decisive event says the pod cannot be placed."""
+    for event in reversed(events):
+        reason = event.get("reason")
+        if reason == "FailedScheduling":
+            return str(event.get("message") or "the scheduler found no node")
+        if reason in _HOPEFUL_REASONS:
+            return None
+    return None
+
+
+class TunehubKubeSpawner(KubeSpawner):
+    """KubeSpawner for tunehub: see the module docstring."""
+
+    profiles = List(
+        Dict(),
+        help="""All notebook profiles (KubeSpawner profile dicts plus ``slug``, ``gpus``,
+        ``gpu_type`` and ``groups``). ``profile_list`` shows each user the ones whose
+        ``groups`` include one of theirs (empty ``groups``: everyone; admins: all).""",
+    ).tag(config=True)
+
+    gpu_types = List(
+        Dict(),
+        help="""The cluster's GPU inventory from the chart's ``gpuTypes``: ``name``,
+        ``product`` (the ``nvidia.com/gpu.product`` label) and ``maxPerNode``. A request for
+        more GPUs than any matching node has is refused at once.""",
+    ).tag(config=True)
+
+    unschedulable_timeout = Int(
+        90,
+        help="""Seconds a pod may stay unschedulable (its newest scheduling event is
+        ``FailedScheduling``, with no scale-up or preemption since) before the spawn fails with
+        the scheduler's message. 0 waits for ``start_timeout`` as stock KubeSpawner does.""",
+    ).tag(config=True)
+
+    data_path = Unicode(
+        "",
+        help="""Where the hub has the shared data volume mounted (the same path as in
+        notebooks). The hub creates each user's writable area there before the first spawn,
+        owned by the hub's (= the notebooks') uid, since a subPath the kubelet creates is
+        root-owned and unwritable by the non-root notebook.""",
+    ).tag(config=True)
+
+    users_subpath = Unicode(
+        "users", help="Directory of per-user areas inside the data volume."
+    ).tag(config=True)
+
+    create_user_dirs = Bool(
+        True, help="Create ``<data_path>/<users_subpath>/<username>`` before a spawn."
+    ).tag(config=True)
+
+    # --- profiles ----------------------------------------------------------------------------
+
+    @staticmethod
+    def visible_profiles(spawner: TunehubKubeSpawner) -> list[dict[str, Any]]:
+        """``profile_list`` callable: the profiles this spawner's user may choose."""
+        user = spawner.user
+        if getattr(user, "admin", False):
+            return list(spawner.profiles)
+        groups = {g.name for g in getattr(user, "groups", [])}
+        visible = [p for p in spawner.profiles if not p.get("groups") or groups & set(p["groups"])]
+        if visible and not any(p.get("default") for p in visible):
+            visible = [dict(visible[0], default=True), *visible[1:]]
+        return visible
+
+    def chosen_profile(self, profiles: list[dict[str, Any]]) -> dict[str, Any]:
+        slug = (self.user_options or {}).get("profile")
+        if not profiles:
+            raise SpawnRefused("no notebook profile is available to you; ask an admin to add "
+                               "you to a group")
+        if not slug:
+            return next((p for p in profiles if p.get("default")), profiles[0])
+        for p in profiles:
+            if p["slug"] == slug:
+                return p
+        raise SpawnRefused(f"profile {slug!r} is not available to you; choose one of: "
+                           + ", ".join(p["slug"] for p in profiles))
+
+    async def load_user_options(self) -> None:
+        profiles = self.visible_profiles(self)
+        profile = self.chosen_profile(profiles)
+        problem = fit_problem(int(profile.get("gpus") or 0), profile.get("gpu_type") or "",
+                              list(self.gpu_types))
+        if problem:
+            raise SpawnRefused(f"cannot start {profile['display_name']!r}: {problem}")
+        await super().load_user_options()
+        self._ensure_user_dir()
+
+    def _ensure_user_dir(self) -> None:
+        if not (self.create_user_dirs and self.data_path):
+            return
+        parent = Path(self.data_path) / self.users_subpath
+        if not Path(self.data_path).is_dir():
+            self.log.warning("data volume not mounted at %s; not creating user areas",
+                             self.data_path)
+            return
+        target = parent / self._expand_user_properties("{username}")
+        target.mkdir(parents=True, exist_ok=True)
+        os.chmod(target, 0o2770)
+
+    # --- start: fail fast when the scheduler keeps refusing ---------------------------------
+
+    async def _start(self) -> Any:
+        start = asyncio.ensure_future(super()._start())
+        if not (self.events_enabled and self.unschedulable_timeout):
+            return await start
+        watch = asyncio.ensure_future(self._watch_unschedulable())
+        done, _ = await asyncio.wait({start, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if start in done:
+            watch.cancel()
+            return start.result()
+        start.cancel()
+        raise SpawnRefused(watch.result())
+
+    async def _watch_unschedulable(self) -> str:
+        """Return the scheduler's reason once the pod has been unschedulable for
+        ``unschedulable_timeout`` seconds in a row; never returns while there is hope."""
+        since: float | None = None
+        while True:
+            reason = unschedulable_reason(self.events)
+            if reason is None:
+                since = None
+            elif since is None:
+                since = time.monotonic()
+            elif time.monotonic() - since >= self.unschedulable_timeout:
+                return (f"no node can take this server ({reason.strip()}); gave up after "
+                        f"{self.unschedulable_timeout} s. Choose a smaller profile or try later.")
+            await asyncio.sleep(1)

@@ -1,0 +1,322 @@
+"""Kubernetes mode of the hub: ``jupyterhub_config.py`` fed with the values the Helm chart renders
+into the hub's values Secret yields the KubeSpawner settings those values describe, and the pod
+KubeSpawner builds from them is valid Kubernetes (strict OpenAPI schema).
+
+The chart is rendered with the real Helm engine (helm-python-sdk); the helpers here are shared
+with ``tests/test_helm.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import major_minor
+from traitlets.config import Config
+from traitlets.config.loader import PyFileConfigLoader
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "helm" / "tunehub"
+GPU_EXAMPLE = CHART / "examples" / "gpu-values.yaml"
+RELEASE, NAMESPACE = "tunehub", "lab"
+
+
+def kube_versions(count: int = 2) -> list[str]:
+    """The newest ``count`` Kubernetes minor versions kubernetes-validate ships schemas for."""
+    minors = sorted({major_minor(v) for v in kubernetes_validate.utils.all_versions()},
+                    key=lambda v: tuple(int(x) for x in v.split(".")))
+    return minors[-count:]
+
+
+def example_values() -> dict[str, Any]:
+    return yaml.safe_load(GPU_EXAMPLE.read_text())
+
+
+def render(values: dict[str, Any] | None = None,
+           namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    """Every object the chart renders with ``values`` (schema-checked by Helm)."""
+    with helm.Chart.load(CHART) as chart:
+        out = chart.render(values, name=RELEASE, namespace=namespace, is_install=True)
+    objects = []
+    for path, text in sorted(out.items()):
+        if path.endswith(".txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} rendered"
+    return matches[0]
+
+
+def hub_values(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The values file the hub pod reads: the hub values Secret's ``values.yaml``."""
+    secret = find(objects, "Secret", f"{RELEASE}-hub-values")
+    return yaml.safe_load(secret["stringData"]["values.yaml"])
+
+
+def load_hub_config(values: dict[str, Any], tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
+    """Run the repository's ``jupyterhub_config.py`` in Kubernetes mode on ``values`` (written
+    where TUNEHUB_HUB_VALUES points), exactly as JupyterHub loads it."""
+    path = tmp / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    monkeypatch.setenv("TUNEHUB_MODE", "kubernetes")
+    monkeypatch.setenv("TUNEHUB_HUB_VALUES", str(path))
+    monkeypatch.setenv("TUNEHUB_HOME", str(tmp / "home"))
+    monkeypatch.setenv("TUNEHUB_DATA", str(tmp / "data"))
+    monkeypatch.setenv("TUNEHUB_HUB_STATE", str(tmp / "state"))
+    return PyFileConfigLoader("jupyterhub_config.py", path=str(REPO)).load_config()
+
+
+def rendered_hub_config(values: dict[str, Any] | None, tmp: Path,
+                        monkeypatch: pytest.MonkeyPatch
+                        ) -> tuple[list[dict[str, Any]], dict[str, Any], Config]:
+    """Render the chart, take the hub's values from it, load the hub config from those."""
+    objects = render(values)
+    hv = hub_values(objects)
+    return objects, hv, load_hub_config(hv, tmp, monkeypatch)
+
+
+def assert_kubespawner_matches(c: Config, hv: dict[str, Any],
+                               objects: list[dict[str, Any]]) -> None:
+    """The KubeSpawner settings in ``c`` are what the values ``hv`` describe."""
+    from kubespawner import KubeSpawner
+
+    from hub.kube_spawner import TunehubKubeSpawner
+
+    assert c.JupyterHub.spawner_class is TunehubKubeSpawner
+    assert issubclass(TunehubKubeSpawner, KubeSpawner)
+    ks = c.TunehubKubeSpawner
+    names = hv["Names"]
+    inventory = {g["name"]: g for g in hv.get("gpuTypes") or []}
+
+    assert ks.namespace == NAMESPACE
+    nb_image = hv["images"]["notebook"]
+    assert ks.image == f"{nb_image['repository']}:{nb_image['tag']}"
+    assert ks.events_enabled is True
+    assert ks.automount_service_account_token is False
+    assert ks.uid == hv["notebooks"]["uid"] and ks.uid != 0
+    # The priority class is one the chart creates.
+    assert ks.priority_class_name == names["notebookPriorityClass"]
+    find(objects, "PriorityClass", ks.priority_class_name)
+    assert ks.profile_list == TunehubKubeSpawner.visible_profiles
+
+    by_slug = {p["slug"]: p for p in ks.profiles}
+    assert list(by_slug) == [p["slug"] for p in hv["notebooks"]["profiles"]]
+    for p in hv["notebooks"]["profiles"]:
+        got = by_slug[p["slug"]]
+        override = got["kubespawner_override"]
+        assert got["display_name"] == p["displayName"]
+        assert got["groups"] == p.get("groups", [])
+        gpus = p.get("gpus", 0)
+        assert got["gpus"] == gpus
+        if gpus:
+            assert override["extra_resource_limits"] == {"nvidia.com/gpu": str(gpus)}
+        else:
+            assert "extra_resource_limits" not in override
+        if p.get("gpuType"):
+            assert override["node_selector"] == {
+                "nvidia.com/gpu.product": inventory[p["gpuType"]]["product"]}
+        else:
+            assert "node_selector" not in override
+        assert override.get("image") == (p.get("image") or None)
+
+    claim = {v["name"]: v for v in ks.volumes}["data"]["persistentVolumeClaim"]["claimName"]
+    assert claim == names["dataClaim"]
+    pvcs = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    if not hv["data"]["existingClaim"]:
+        assert pvcs[claim]["spec"]["accessModes"] == ["ReadWriteMany"]
+    shm = {v["name"]: v for v in ks.volumes}["dshm"]["emptyDir"]
+    assert shm == {"medium": "Memory", "sizeLimit": str(hv["notebooks"]["shmSize"])}
+    mounts = {m["mountPath"]: m for m in ks.volume_mounts}
+    root, data = hv["data"]["mountPath"], hv["data"]
+    assert mounts[f"{root}/{data['datasetsSubPath']}"]["readOnly"] is True
+    user_area = mounts[f"{root}/{data['usersSubPath']}/{{username}}"]
+    assert user_area["subPath"] == f"{data['usersSubPath']}/{{username}}"
+    assert not user_area.get("readOnly")
+    assert mounts["/dev/shm"]["name"] == "dshm"
+
+
+def test_gpu_example_gives_the_kubespawner_settings_it_describes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    objects, hv, c = rendered_hub_config(example_values(), tmp_path, monkeypatch)
+    assert_kubespawner_matches(c, hv, objects)
+    # Spot checks against the example file itself, not just self-consistency.
+    profiles = {p["slug"]: p["kubespawner_override"] for p in c.TunehubKubeSpawner.profiles}
+    assert profiles["a100-2"]["extra_resource_limits"] == {"nvidia.com/gpu": "2"}
+    assert profiles["a100-2"]["node_selector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert profiles["a100-2"]["image"] == "registry.example.com/tunehub/notebook:0.1.0-tf2.17"
+    assert profiles["t4-1"]["mem_limit"] == 16 * 2**30
+    assert profiles["cpu"]["environment"] == {"NVIDIA_VISIBLE_DEVICES": "none"}
+    # The hub talks to the chart's proxy and is reachable at its Service.
+    assert c.ConfigurableHTTPProxy.should_start is False
+    assert c.ConfigurableHTTPProxy.api_url == "http://tunehub-proxy-api:8001"
+    assert c.JupyterHub.hub_connect_url == "http://tunehub-hub:8081"
+    find(objects, "Service", "tunehub-proxy-api")
+    find(objects, "Service", "tunehub-hub")
+    # The culler learns which profiles hold GPUs.
+    culler = next(s for s in c.JupyterHub.services if s["name"] == "idle-culler")
+    assert "--GpuAwareCuller.gpu_profiles=['t4-1', 'a100-2', 'a100-8']" in culler["command"]
+
+
+def test_default_values_give_a_cpu_lab(tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    objects, hv, c = rendered_hub_config(None, tmp_path, monkeypatch)
+    assert_kubespawner_matches(c, hv, objects)
+    assert [p["slug"] for p in c.TunehubKubeSpawner.profiles] == ["cpu"]
+    assert c.TunehubKubeSpawner.gpu_types == []
+
+
+def test_profile_with_unknown_gpu_type_is_refused_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    values = example_values()
+    values["notebooks"]["profiles"][1]["gpuType"] = "h100"
+    hv = hub_values(render(values))
+    with pytest.raises(ValueError, match=r"notebooks\.profiles\[1\]\.gpuType: 'h100'"):
+        load_hub_config(hv, tmp_path, monkeypatch)
+
+
+# --- the spawner built from that config ---------------------------------------------------------
+
+def hub_user(name: str, groups: list[str], admin: bool = False) -> Any:
+    """A JupyterHub user (ORM row in an in-memory hub database, wrapped as the hub does)."""
+    from jupyterhub import orm
+    from jupyterhub.user import User
+
+    db = orm.new_session_factory("sqlite://")()
+    row = orm.User(name=name, admin=admin)
+    db.add(row)
+    for g in groups:
+        row.groups.append(orm.Group(name=g))
+    db.commit()
+    return User(row, settings={})
+
+
+def make_spawner(c: Config, user: Any, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch,
+                 **options: str) -> Any:
+    """The hub's spawner for ``user`` with ``options`` chosen on the spawn page; it talks to
+    the API server in ``kubeconfig`` (call inside a running event loop)."""
+    import kubespawner.clients
+    from jupyterhub.objects import Hub
+    from kubernetes_asyncio.config import kube_config
+
+    from hub.kube_spawner import TunehubKubeSpawner
+
+    # KubeSpawner loads the default kubeconfig; kubernetes-asyncio read $KUBECONFIG at import.
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    # KubeSpawner shares pod/event reflectors per class across the process; each test has its
+    # own cluster, so it gets its own (and its own API clients).
+    monkeypatch.setattr(TunehubKubeSpawner, "reflectors", {})
+    monkeypatch.setattr(kubespawner.clients, "_client_cache", {})
+    kubespawner.clients.load_config.cache_clear()  # KubeSpawner loads the kubeconfig once
+    spawner = TunehubKubeSpawner(config=c, user=user, hub=Hub(), name="")
+    spawner.user_options = dict(options)
+    return spawner
+
+
+def strict_validate(obj: dict[str, Any]) -> None:
+    for version in kube_versions():
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+async def test_notebook_pod_manifest_is_valid_and_carries_the_profile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube: Any) -> None:
+    _, hv, c = rendered_hub_config(example_values(), tmp_path, monkeypatch)
+    spawner = make_spawner(c, hub_user("alice", ["research"]), kube.kubeconfig, monkeypatch,
+                           profile="a100-2")
+    await spawner.load_user_options()
+    pod = spawner.api.api_client.sanitize_for_serialization(await spawner.get_pod_manifest())
+    strict_validate(pod)
+
+    spec = pod["spec"]
+    nb = spec["containers"][0]
+    assert nb["image"] == "registry.example.com/tunehub/notebook:0.1.0-tf2.17"
+    assert nb["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert spec["priorityClassName"] == "tunehub-notebook"
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert nb["securityContext"]["allowPrivilegeEscalation"] is False
+    assert nb["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert nb["securityContext"]["runAsUser"] == 1000
+    mounts = {m["mountPath"]: m for m in nb["volumeMounts"]}
+    root = hv["data"]["mountPath"]
+    assert mounts[f"{root}/datasets"]["readOnly"] is True
+    assert mounts[f"{root}/users/alice"]["subPath"] == "users/alice"
+    assert mounts["/dev/shm"]["name"] == "dshm"
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]
+              if "persistentVolumeClaim" in v]
+    assert claims == ["tunehub-data"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "notebook"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    env = {e["name"]: e.get("value") for e in nb["env"]}
+    assert env["TUNEHUB_API_URL"] == "http://tunehub-tuner:8082/services/tuner/"
+
+
+async def test_profiles_are_limited_to_groups(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube: Any) -> None:
+    from hub.kube_spawner import SpawnRefused, TunehubKubeSpawner
+
+    _, _, c = rendered_hub_config(example_values(), tmp_path, monkeypatch)
+    seen = {}
+    for name, groups, admin in (("bob", [], False), ("rita", ["research"], False),
+                                ("ada", [], True)):
+        spawner = make_spawner(c, hub_user(name, groups, admin), kube.kubeconfig, monkeypatch)
+        seen[name] = [p["slug"] for p in TunehubKubeSpawner.visible_profiles(spawner)]
+    assert seen == {"bob": ["cpu", "t4-1"], "rita": ["cpu", "t4-1", "a100-2"],
+                    "ada": ["cpu", "t4-1", "a100-2", "a100-8"]}
+    spawner = make_spawner(c, hub_user("bob", []), kube.kubeconfig, monkeypatch,
+                           profile="a100-2")
+    with pytest.raises(SpawnRefused, match="'a100-2' is not available to you"):
+        await spawner.load_user_options()
+
+
+async def test_gpu_request_no_node_can_hold_is_refused_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube: Any) -> None:
+    from hub.kube_spawner import SpawnRefused
+
+    values = example_values()
+    values["gpuTypes"][1]["maxPerNode"] = 2  # a100 nodes hold 2; the research profile asks 4
+    values["notebooks"]["profiles"][2]["gpus"] = 4
+    _, _, c = rendered_hub_config(values, tmp_path, monkeypatch)
+    spawner = make_spawner(c, hub_user("rita", ["research"]), kube.kubeconfig, monkeypatch,
+                           profile="a100-2")
+    with pytest.raises(SpawnRefused) as refused:
+        await spawner.start()
+    assert str(refused.value) == ("cannot start '2 × A100 (research)': no node has 4 × "
+                                  "NVIDIA-A100-SXM4-80GB GPUs; the largest has 2")
+    assert kube.objects("pods", namespace=kube.namespace) == []
+
+
+async def test_unschedulable_pod_fails_with_the_schedulers_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube: Any) -> None:
+    """The values claim 8-GPU A100 nodes; the cluster's only A100 node has 2. The spawn must
+    fail with the scheduler's message long before start_timeout, not hang."""
+    objects, _, c = rendered_hub_config(example_values(), tmp_path, monkeypatch)
+    for obj in objects:
+        if obj["kind"] == "PriorityClass":
+            kube.create(obj)
+    c.TunehubKubeSpawner.namespace = kube.namespace
+    c.TunehubKubeSpawner.unschedulable_timeout = 3
+    c.TunehubKubeSpawner.start_timeout = 120
+    spawner = make_spawner(c, hub_user("pat", ["platform"]), kube.kubeconfig, monkeypatch,
+                           profile="a100-8")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    from hub.kube_spawner import SpawnRefused
+
+    with pytest.raises(SpawnRefused, match=r"no node can take this server \(0/3 nodes are "
+                                           r"available.*Insufficient nvidia.com/gpu"):
+        await spawner.start()
+    assert loop.time() - began < 60
+    await spawner.stop(now=True)
