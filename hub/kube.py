@@ -215,7 +215,11 @@ def configure_kubespawner(c: Any, values: dict[str, Any] | None = None) -> None:
     ks.fs_gid = int(nb["gid"])
     ks.allow_privilege_escalation = False
     ks.pod_security_context = {"runAsNonRoot": True,
+                               "fsGroupChangePolicy": "OnRootMismatch",
                                "seccompProfile": {"type": "RuntimeDefault"}}
+    # Service links would put e.g. TUNEHUB_TUNER_PORT=tcp://... (from the Service
+    # <release>-tuner) into the notebook's environment, clashing with tunehub's settings.
+    ks.extra_pod_config = {"enableServiceLinks": False}
     ks.container_security_context = {"capabilities": {"drop": ["ALL"]}}
     volumes, mounts = data_volumes(values)
     ks.volumes = volumes
@@ -229,6 +233,29 @@ def configure_kubespawner(c: Any, values: dict[str, Any] | None = None) -> None:
     ks.data_path = values["data"]["mountPath"]
     ks.users_subpath = values["data"]["usersSubPath"]
     ks.profile_list = TunehubKubeSpawner.visible_profiles
+
+
+def tuner_service(values: dict[str, Any] | None = None,
+                  environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The tuner as an *external* hub service: in Kubernetes mode it runs in its own
+    Deployment (the chart's ``<release>-tuner``), so the hub must not start it; the hub and the
+    tuner share the API token from the ``<release>-tuner-token`` Secret
+    (``TUNEHUB_TUNER_API_TOKEN`` in the hub, ``JUPYTERHUB_API_TOKEN`` in the tuner)."""
+    from hub import tuner_service as ts
+
+    if values is None:
+        values = KubeValues().load()
+    env = os.environ if environ is None else environ
+    token = env.get("TUNEHUB_TUNER_API_TOKEN")
+    if not token:
+        raise ValuesError("TUNEHUB_TUNER_API_TOKEN: not set (the chart sets it from the "
+                          "<release>-tuner-token Secret)")
+    url = f"http://{values['Names']['tuner']}:{values['tuner']['port']}"
+    service = ts.service_definition(url, {})
+    for key in ("command", "environment"):
+        service.pop(key, None)
+    service["api_token"] = token
+    return service
 
 
 def profiles_for_culler(c: Any) -> list[dict[str, Any]]:

@@ -154,6 +154,8 @@ def test_pods_are_locked_down(rendered: list[dict[str, Any]]) -> None:
             assert ctr["resources"]["requests"] and ctr["resources"]["limits"], name
             assert "readinessProbe" in ctr and "livenessProbe" in ctr, name
             assert ":latest" not in ctr["image"], name
+        assert spec["enableServiceLinks"] is False, name
+        assert spec["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch", name
         wants_api = name.endswith(("-hub", "-tuner"))
         assert spec.get("automountServiceAccountToken") is wants_api, name
 

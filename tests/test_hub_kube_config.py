@@ -244,6 +244,7 @@ async def test_notebook_pod_manifest_is_valid_and_carries_the_profile(
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert spec["priorityClassName"] == "tunehub-notebook"
     assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert nb["securityContext"]["allowPrivilegeEscalation"] is False
@@ -320,3 +321,15 @@ async def test_unschedulable_pod_fails_with_the_schedulers_reason(
         await spawner.start()
     assert loop.time() - began < 60
     await spawner.stop(now=True)
+
+
+def test_tuner_is_an_external_service_with_the_charts_token() -> None:
+    from hub.kube import ValuesError, tuner_service
+
+    hv = hub_values(render(example_values()))
+    service = tuner_service(hv, {"TUNEHUB_TUNER_API_TOKEN": "t0ken"})
+    assert service["name"] == "tuner" and service["api_token"] == "t0ken"
+    assert service["url"] == "http://tunehub-tuner:8082"
+    assert "command" not in service  # the chart's tuner Deployment runs it, not the hub
+    with pytest.raises(ValuesError, match="TUNEHUB_TUNER_API_TOKEN"):
+        tuner_service(hv, {})

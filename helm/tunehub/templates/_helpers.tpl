@@ -47,6 +47,7 @@ runAsNonRoot: true
 runAsUser: {{ .uid | default 1000 }}
 runAsGroup: {{ .gid | default 1000 }}
 fsGroup: {{ .gid | default 1000 }}
+fsGroupChangePolicy: OnRootMismatch
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
