@@ -731,3 +731,80 @@ async def test_scheduler_follows_node_objects_cordon_and_taints(
         return p["status"].get("phase") == "Succeeded" and p["spec"]["nodeName"] == "gpu-t4-0"
 
     await eventually(ran_on_t4, 30, "the pod to run on the uncordoned T4 node")
+
+
+HUB_CONFIG = '''
+import os
+c = get_config()  # noqa: F821
+c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+c.JupyterHub.authenticator_class = "dummy"
+c.JupyterHub.bind_url = os.environ["T_HUB_URL"]
+c.JupyterHub.hub_bind_url = os.environ["T_HUB_API_URL"]
+c.ConfigurableHTTPProxy.api_url = os.environ["T_PROXY_API_URL"]
+c.JupyterHub.db_url = os.environ["T_DB_URL"]
+c.JupyterHub.cookie_secret = bytes.fromhex("00" * 32)
+c.JupyterHub.services = [{"name": "driver", "api_token": os.environ["T_TOKEN"]}]
+c.JupyterHub.load_roles = [{"name": "driver", "services": ["driver"],
+                            "scopes": ["admin:users", "admin:servers", "access:servers"]}]
+c.KubeSpawner.namespace = "tunehub"
+c.KubeSpawner.cmd = ["jupyterhub-singleuser"]
+c.KubeSpawner.args = ["--allow-root"]  # the harness runs pods as the test's user
+c.KubeSpawner.port = int(os.environ["T_NB_PORT"])
+c.KubeSpawner.image = "tunehub/notebook:latest"
+c.KubeSpawner.start_timeout = 120
+c.KubeSpawner.http_timeout = 120
+'''
+
+
+@pytest.mark.timeout(300)
+def test_real_jupyterhub_with_kubespawner_spawns_a_reachable_notebook_pod(
+        kube: KubeCluster, tmp_path: Path) -> None:
+    """JupyterHub + KubeSpawner + configurable-http-proxy against the emulator: the notebook
+    "pod" starts, is reachable through the proxy, and stopping it removes pod and process."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from tests.polling import wait_for
+    from tests.service_fixtures import free_port
+
+    hub, token = f"http://127.0.0.1:{free_port()}", "driver-token-0123456789"
+    (tmp_path / "hub_config.py").write_text(HUB_CONFIG)
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "T_HUB_URL": hub,
+           "T_HUB_API_URL": f"http://127.0.0.1:{free_port()}", "T_TOKEN": token,
+           "T_PROXY_API_URL": f"http://127.0.0.1:{free_port()}",
+           "T_DB_URL": f"sqlite:///{tmp_path / 'hub.sqlite'}", "T_NB_PORT": str(free_port()),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    log = (tmp_path / "hub.log").open("w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f",
+                             str(tmp_path / "hub_config.py")], cwd=tmp_path, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    auth = {"Authorization": f"token {token}"}
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{hub}/hub/api/", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def server() -> dict | None:
+        return httpx.get(f"{hub}/hub/api/users/alice", headers=auth, timeout=10).json()[
+            "servers"].get("")
+
+    try:
+        wait_for(up, 60, "the hub to answer")
+        assert httpx.post(f"{hub}/hub/api/users/alice", headers=auth).status_code == 201
+        httpx.post(f"{hub}/hub/api/users/alice/server", headers=auth, timeout=60)
+        wait_for(lambda: (server() or {}).get("ready"), 120, "the notebook to be ready")
+        pod = kube.get("pods", "jupyter-alice")
+        assert pod is not None and pod["status"]["phase"] == "Running"
+        status = httpx.get(f"{hub}/user/alice/api/status", headers=auth, timeout=30)
+        assert status.status_code == 200 and "kernels" in status.json()
+        httpx.delete(f"{hub}/hub/api/users/alice/server", headers=auth, timeout=60)
+        wait_for(lambda: server() is None and kube.get("pods", "jupyter-alice") is None
+                 and not kube.pids(), 60, "the server, pod and process to be gone")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()

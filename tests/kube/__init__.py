@@ -86,6 +86,10 @@ pending message).
 Standalone: ``python -m tests.kube --data DIR`` prints one JSON line (url, kubeconfig,
 namespace, data, counters URL) and serves until SIGINT/SIGTERM.
 
+Pods run as the test's own user (root on these machines): ``runAsUser`` / ``fsGroup`` are
+not applied, so a Jupyter server in a "pod" needs ``--allow-root`` (see the JupyterHub test
+in tests/test_kube_harness.py for a working KubeSpawner configuration).
+
 Not emulated: authentication/RBAC, graceful pod termination as an API state (deleted pods
 vanish at once; the kubelet then SIGTERMs, and SIGKILLs after min(grace, 3 s)), finalizers,
 cluster DNS (Service / ``host.subdomain`` names do not resolve) and per-pod network
