@@ -76,10 +76,10 @@ def load_hub_config(values: dict[str, Any], tmp: Path, monkeypatch: pytest.Monke
 
 
 def rendered_hub_config(values: dict[str, Any] | None, tmp: Path,
-                        monkeypatch: pytest.MonkeyPatch
+                        monkeypatch: pytest.MonkeyPatch, namespace: str = NAMESPACE
                         ) -> tuple[list[dict[str, Any]], dict[str, Any], Config]:
     """Render the chart, take the hub's values from it, load the hub config from those."""
-    objects = render(values)
+    objects = render(values, namespace)
     hv = hub_values(objects)
     return objects, hv, load_hub_config(hv, tmp, monkeypatch)
 
@@ -333,3 +333,68 @@ def test_tuner_is_an_external_service_with_the_charts_token() -> None:
     assert "command" not in service  # the chart's tuner Deployment runs it, not the hub
     with pytest.raises(ValuesError, match="TUNEHUB_TUNER_API_TOKEN"):
         tuner_service(hv, {})
+
+
+async def test_spawn_on_the_emulated_cluster_lands_on_the_chosen_gpu_type(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube: Any,
+        unused_tcp_port: int) -> None:
+    """A real KubeSpawner start against the API emulator (schema-validating, with a scheduler
+    and a kubelet stand-in): the chart's PriorityClass is honoured, the pod goes to the A100
+    node, the hub has created the user's writable area on the data volume, and the server
+    answers. The server command is a plain HTTP server: this tests the pod, not JupyterLab."""
+    import secrets
+    import sys
+    from urllib.parse import urlparse
+
+    import httpx
+
+    from tests.kube.waiting import eventually
+
+    values = example_values()
+    values["data"]["mountPath"] = str(kube.data_dir)  # the harness exposes claims in place
+    (kube.data_dir / "datasets").mkdir(parents=True)
+    (kube.data_dir / "datasets" / "digits.csv").write_text("0,1\n")
+    objects, _, c = rendered_hub_config(values, tmp_path, monkeypatch, namespace=kube.namespace)
+    for obj in objects:
+        if obj["kind"] == "PriorityClass":
+            kube.create(obj)
+    port = unused_tcp_port
+    c.TunehubKubeSpawner.port = port
+    c.TunehubKubeSpawner.cmd = [sys.executable, "-m", "http.server", str(port),
+                                "--directory", str(kube.data_dir)]
+    c.Spawner.args = []
+    spawner = make_spawner(c, hub_user("rita", ["research"]), kube.kubeconfig, monkeypatch,
+                           profile="a100-2")
+    spawner.api_token = secrets.token_hex(16)
+    try:
+        url = urlparse(await spawner.start())
+        ip = url.hostname
+        assert url.port == port
+        pod = kube.get("pods", spawner.pod_name, namespace=kube.namespace)
+        assert pod["spec"]["nodeName"] == "gpu-a100-0"
+        assert pod["spec"]["priority"] == values_priority(objects, "tunehub-notebook")
+        assert (kube.data_dir / "users" / "rita").is_dir()
+
+        async def answers() -> bool:
+            try:
+                async with httpx.AsyncClient() as http:
+                    r = await http.get(f"http://{ip}:{port}/datasets/")
+                return r.status_code == 200 and "digits.csv" in r.text
+            except httpx.HTTPError:
+                return False
+
+        await eventually(answers, 30, "the notebook pod to serve the datasets")
+        messages = [e["message"] async for e in _progress(spawner)]
+        assert any("gpu-a100-0" in m for m in messages), messages
+    finally:
+        await spawner.stop(now=True)
+
+
+def values_priority(objects: list[dict[str, Any]], name: str) -> int:
+    return find(objects, "PriorityClass", name)["value"]
+
+
+async def _progress(spawner: Any) -> Any:
+    """The spawn-page progress events KubeSpawner streams (start has finished, so it ends)."""
+    async for event in spawner.progress():
+        yield event
