@@ -55,7 +55,13 @@ def fit_problem(gpus: int, gpu_type: str, gpu_types: list[dict[str, Any]]) -> st
 
 
 def unschedulable_reason(events: list[dict[str, Any]]) -> str | None:
-    """The scheduler's message if the newest decisive event says the pod cannot be placed."""
+    """The scheduler's message if the newest decisive event says the pod cannot be placed.
+
+    Once the cluster autoscaler has promised a node (``TriggeredScaleUp``) there is hope until
+    ``start_timeout``, even though the scheduler keeps repeating ``FailedScheduling`` while
+    the node boots."""
+    if any(e.get("reason") == "TriggeredScaleUp" for e in events):
+        return None
     for event in reversed(events):
         reason = event.get("reason")
         if reason == "FailedScheduling":
@@ -166,6 +172,8 @@ class TunehubKubeSpawner(KubeSpawner):
             watch.cancel()
             return start.result()
         start.cancel()
+        # Remove the pending pod now rather than leave it queued behind the refusal.
+        await self.stop(now=True)
         raise SpawnRefused(watch.result())
 
     async def _watch_unschedulable(self) -> str:

@@ -320,7 +320,21 @@ async def test_unschedulable_pod_fails_with_the_schedulers_reason(
                                            r"available.*Insufficient nvidia.com/gpu"):
         await spawner.start()
     assert loop.time() - began < 60
-    await spawner.stop(now=True)
+    # The refused pod does not stay queued (its PriorityClass would let it preempt later).
+    assert kube.objects("pods", namespace=kube.namespace) == []
+
+
+def test_scheduling_events_decide_hope() -> None:
+    from hub.kube_spawner import unschedulable_reason
+
+    failed = {"reason": "FailedScheduling", "type": "Warning",
+              "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
+    assert unschedulable_reason([failed]) == failed["message"]
+    assert unschedulable_reason([failed, {"reason": "Scheduled"}]) is None
+    assert unschedulable_reason([{"reason": "Scheduled"}, failed]) == failed["message"]
+    # The autoscaler is adding a node: keep waiting even while the scheduler still complains.
+    assert unschedulable_reason([failed, {"reason": "TriggeredScaleUp"}, failed]) is None
+    assert unschedulable_reason([]) is None
 
 
 def test_tuner_is_an_external_service_with_the_charts_token() -> None:
