@@ -808,3 +808,14 @@ def test_real_jupyterhub_with_kubespawner_spawns_a_reachable_notebook_pod(
         proc.terminate()
         proc.wait(30)
         log.close()
+
+
+async def test_work_queue_job_without_completions(kube: KubeCluster,
+                                                  api: client.ApiClient) -> None:
+    """parallelism without completions: both workers run, the Job completes when they end."""
+    body = job_body("queue", "print('worked')", parallelism=2)
+    created = await client.BatchV1Api(api).create_namespaced_job(NS, body)
+    assert created.spec.completions is None and created.spec.parallelism == 2
+    job = await finished_job(kube, "queue")
+    assert condition(job, "Complete") and job["status"]["succeeded"] == 2
+    assert len(kube.objects("pods", label_selector="job-name=queue")) == 2

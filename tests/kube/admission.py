@@ -145,10 +145,10 @@ class Admission:
     def _create_jobs(self, job: dict) -> None:
         spec = job.setdefault("spec", {})
         uid, name = job["metadata"]["uid"], job["metadata"]["name"]
+        if spec.get("parallelism") is None and spec.get("completions") is None:
+            spec["completions"] = 1  # neither set: one pod; parallelism only: a work queue
         spec.setdefault("parallelism", 1)
         spec.setdefault("completionMode", "NonIndexed")
-        if spec["completionMode"] == "NonIndexed":
-            spec.setdefault("completions", 1)
         spec.setdefault("backoffLimit", 6)
         spec.setdefault("suspend", False)
         kueue = lookup("kueue.x-k8s.io", "v1beta1", "clusterqueues")

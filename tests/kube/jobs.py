@@ -211,7 +211,10 @@ class JobController:
                     status["conditions"] = self._set_condition(status, t, "True", reason,
                                                                message)
                 active = []
-            elif completions is not None and succeeded >= completions:
+            elif (completions is not None and succeeded >= completions) or (
+                    completions is None and succeeded and not active):
+                # a work-queue Job (no completions) is done once one pod succeeded and the
+                # rest have finished
                 await self._delete_pods(active)
                 active = []
                 for t in ("SuccessCriteriaMet", "Complete"):
@@ -270,8 +273,10 @@ class JobController:
             indexes: list[int | None] = list(todo[:max(room, 0)])
         else:
             completions = spec.get("completions")
-            want = spec.get("parallelism", 1) if completions is None else \
-                min(spec.get("parallelism", 1), completions - succeeded)
+            if completions is None:  # work queue: no new pods once one has succeeded
+                want = 0 if succeeded else spec.get("parallelism", 1)
+            else:
+                want = min(spec.get("parallelism", 1), completions - succeeded)
             indexes = [None] * max(want - len(active), 0)
         created = []
         for index in indexes:
