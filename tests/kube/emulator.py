@@ -81,7 +81,8 @@ class Emulator:
         self._stopping = asyncio.Event()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, shutdown_timeout=1.0, handle_signals=False)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0, handle_signals=False,
+                                     access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
