@@ -224,6 +224,8 @@ async def test_delete_job_background_removes_pods_and_kills_process(
     pid = await eventually(running, 30, "the job's process to start")
     assert alive(pid)
     await batch.delete_namespaced_job("sleeper", NS, propagation_policy="Background")
+    # running pods terminate gracefully: marked first, removed once the kubelet killed them
+    assert all(p["metadata"].get("deletionTimestamp") for p in kube.objects("pods"))
 
     async def gone() -> bool:
         return not kube.objects("pods") and not alive(pid)
@@ -251,8 +253,15 @@ async def test_delete_job_orphan_keeps_pods(kube: KubeCluster,
 
     await eventually(fg_pod, 30, "the second job's pod")
     await batch.delete_namespaced_job("fg", NS, propagation_policy="Foreground")
-    assert kube.objects("pods", label_selector="job-name=fg") == []
-    assert kube.objects("jobs") == []
+    job = kube.get("jobs", "fg")  # stays, marked, until its pods are gone
+    assert job["metadata"]["finalizers"] == ["foregroundDeletion"]
+    assert job["metadata"]["deletionTimestamp"]
+
+    async def all_gone() -> bool:
+        return not kube.objects("pods", label_selector="job-name=fg") and not kube.objects(
+            "jobs")
+
+    await eventually(all_gone, 30, "the pods, then the Job, to be deleted")
 
 
 async def test_indexed_job_gets_completion_index(kube: KubeCluster,

@@ -50,8 +50,12 @@ labels, limits -> requests); admission (namespace must exist, service account mu
 validated against the Kubernetes 1.36 OpenAPI schema (kubernetes-validate, strict: unknown
 fields rejected) plus semantic checks (names, labels, requests <= limits, extended resources
 integer with requests == limits, Job restartPolicy) -> 422 ``Status`` reason Invalid.
-Deletion: propagationPolicy Background / Foreground delete dependents via ownerReferences,
-Orphan strips them; without a policy Jobs orphan their pods (the real batch/v1 default).
+Deletion: propagationPolicy Background deletes dependents via ownerReferences after the
+owner, Foreground first (the owner stays with deletionTimestamp and the foregroundDeletion
+finalizer until they are gone), Orphan strips the references; without a policy Jobs orphan
+their pods (the real batch/v1 default). Running pods terminate gracefully: DELETE sets
+``deletionTimestamp`` (MODIFIED event), the kubelet SIGTERMs the processes, SIGKILLs after
+min(grace, 3 s), then removes the pod (DELETED); ``gracePeriodSeconds=0`` removes at once.
 
 Kubelet/scheduler: the scheduler works from the Node objects in the API (so tests may taint
 or cordon nodes with a patch) and binds pending pods by priority (then age) honoring
@@ -90,13 +94,12 @@ Pods run as the test's own user (root on these machines): ``runAsUser`` / ``fsGr
 not applied, so a Jupyter server in a "pod" needs ``--allow-root`` (see the JupyterHub test
 in tests/test_kube_harness.py for a working KubeSpawner configuration).
 
-Not emulated: authentication/RBAC, graceful pod termination as an API state (deleted pods
-vanish at once; the kubelet then SIGTERMs, and SIGKILLs after min(grace, 3 s)), finalizers,
-cluster DNS (Service / ``host.subdomain`` names do not resolve) and per-pod network
-namespaces (every pod is 127.0.0.1 and shares the host's ports), runAsUser / read-only
-mounts / securityContext enforcement, images (``command``+``args``, or ``args`` alone, run
-locally), server-side apply (415), pagination (``limit`` ignored: lists are complete),
-watch bookmarks, Kueue cohorts/borrowing/fair sharing.
+Not emulated: authentication/RBAC, user-set finalizers (only foregroundDeletion), cluster
+DNS (Service / ``host.subdomain`` names do not resolve) and per-pod network namespaces (every
+pod is 127.0.0.1 and shares the host's ports), runAsUser / read-only mounts /
+securityContext enforcement, images (``command``+``args``, or ``args`` alone, run locally),
+server-side apply (415), pagination (``limit`` ignored: lists are complete), watch
+bookmarks, Kueue cohorts/borrowing/fair sharing.
 """
 
 from .cluster import DATA_CLAIM, KubeCluster, default_nodes

@@ -80,6 +80,7 @@ class Admission:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._ips = 0
+        self._waiting: dict[str, tuple[Resource, str, str]] = {}  # foreground deletions
 
     def _resource(self, plural: str, group: str = "", version: str = "v1") -> Resource:
         res = lookup(group, version, plural)
@@ -254,13 +255,45 @@ class Admission:
                     out.append((res, obj))
         return out
 
-    def delete(self, res: Resource, obj: dict, propagation: str | None) -> dict:
+    def terminate_pod(self, pod: dict, grace: int | None) -> dict:
+        """Graceful pod deletion: a running pod only gets ``deletionTimestamp`` (it is
+        Terminating) and its kubelet removes it once the processes are gone; a pod that never
+        started, has finished, or is deleted with grace 0 goes at once."""
+        meta = pod["metadata"]
+        if grace is None:
+            grace = int(meta.get("deletionGracePeriodSeconds")
+                        or pod["spec"].get("terminationGracePeriodSeconds", 30))
+        running = pod["spec"].get("nodeName") and pod["status"].get("phase") not in (
+            "Succeeded", "Failed")
+        if grace <= 0 or not running:
+            return self.store.remove(self._resource("pods"), meta["namespace"],
+                                     meta["name"]) or pod
+        if meta.get("deletionTimestamp"):
+            return pod
+        pod = copy.deepcopy(pod)
+        stamp = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=grace)
+        pod["metadata"]["deletionTimestamp"] = stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+        pod["metadata"]["deletionGracePeriodSeconds"] = grace
+        return self.store.put(self._resource("pods"), pod)
+
+    def delete(self, res: Resource, obj: dict, propagation: str | None,
+               grace: int | None = None) -> dict:
         """Delete ``obj`` and handle its dependents as the garbage collector would.
         Without an explicit policy, Jobs orphan their pods (the batch/v1 legacy default),
-        everything else cascades in the background."""
+        everything else cascades in the background. Pods terminate gracefully."""
         if propagation is None:
             propagation = "Orphan" if res.plural == "jobs" else "Background"
         uid = obj["metadata"]["uid"]
+        if propagation == "Foreground" and self.dependents(uid):
+            return self._foreground(res, obj)
+        if res.plural == "pods":
+            gone = self.terminate_pod(obj, grace)
+            if gone["metadata"].get("deletionTimestamp") and self.store.get(
+                    res, obj["metadata"]["namespace"], obj["metadata"]["name"]):
+                return gone  # Terminating: dependents wait for the final removal
+            for dep_res, dep in self.dependents(uid):
+                self.delete(dep_res, dep, propagation)
+            return gone
         gone = None
         if propagation != "Foreground":  # the owner goes first, dependents follow
             gone = self.store.remove(res, obj["metadata"].get("namespace", ""),
@@ -284,6 +317,33 @@ class Admission:
             gone = self.store.remove(res, obj["metadata"].get("namespace", ""),
                                      obj["metadata"]["name"])
         return gone or obj
+
+    def _foreground(self, res: Resource, obj: dict) -> dict:
+        """Foreground deletion: the owner stays (deletionTimestamp + the foregroundDeletion
+        finalizer) until every dependent is gone, then it is removed too."""
+        owner = copy.deepcopy(obj)
+        meta = owner["metadata"]
+        if not meta.get("deletionTimestamp"):
+            meta["deletionTimestamp"] = now()
+            meta["deletionGracePeriodSeconds"] = 0
+            meta["finalizers"] = sorted(set(meta.get("finalizers") or []) |
+                                        {"foregroundDeletion"})
+            owner = self.store.put(res, owner)
+        self._waiting[meta["uid"]] = (res, meta.get("namespace", ""), meta["name"])
+        for dep_res, dep in self.dependents(meta["uid"]):
+            self.delete(dep_res, dep, "Foreground")
+        self.settle()
+        return owner
+
+    def settle(self) -> None:
+        """Remove foreground-deleted owners whose dependents are all gone (called after
+        every removal)."""
+        for uid, (res, ns, name) in list(self._waiting.items()):
+            if not self.dependents(uid):
+                del self._waiting[uid]
+                self.store.remove(res, ns, name)
+                self.settle()
+                return
 
     def orphaned(self, obj: dict) -> bool:
         """True if every ownerReference points at an object that no longer exists: the

@@ -58,10 +58,14 @@ class HarnessClient:
     async def create(self, path: str, obj: dict) -> dict:
         return await self.request("POST", path, obj)
 
-    async def delete(self, path: str, propagation: str = "Background") -> None:
+    async def delete(self, path: str, propagation: str = "Background",
+                     grace: int | None = None) -> None:
+        opts: dict = {"kind": "DeleteOptions", "apiVersion": "v1",
+                      "propagationPolicy": propagation}
+        if grace is not None:
+            opts["gracePeriodSeconds"] = grace
         try:
-            await self.request("DELETE", path, {"kind": "DeleteOptions", "apiVersion": "v1",
-                                                "propagationPolicy": propagation})
+            await self.request("DELETE", path, opts)
         except ApiFailure as exc:
             if exc.status != 404:
                 raise

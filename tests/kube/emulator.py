@@ -214,6 +214,8 @@ class Emulator:
                 raise ApiError(422, "Invalid", str(exc)) from None
             return web.json_response(self._update(res, namespace, name or "", patched, sub, q))
         delete_opts = (await self._body(request, optional=True)) or {}
+        if q.get("gracePeriodSeconds") is not None:
+            delete_opts["gracePeriodSeconds"] = q["gracePeriodSeconds"]
         propagation = q.get("propagationPolicy") or delete_opts.get("propagationPolicy")
         if delete_opts.get("orphanDependents") is True:
             propagation = "Orphan"
@@ -223,6 +225,7 @@ class Emulator:
         items = self._list(res, namespace, q)["items"]
         for item in items:
             self.admission.delete(res, item, propagation)
+        self.admission.settle()
         return web.json_response({"kind": f"{res.kind}List", "apiVersion": res.api_version,
                                   "metadata": {}, "items": items})
 
@@ -366,7 +369,10 @@ class Emulator:
                                                 f"{obj['metadata'].get(key)}")
         if propagation not in (None, "Orphan", "Background", "Foreground"):
             raise ApiError(400, "BadRequest", f"unsupported propagationPolicy {propagation!r}")
-        gone = self.admission.delete(res, obj, propagation)
+        grace = opts.get("gracePeriodSeconds")
+        gone = self.admission.delete(res, obj, propagation,
+                                     None if grace is None else int(grace))
+        self.admission.settle()
         if res.plural == "pods":
             return copy.deepcopy(gone)
         return success(res.plural, res.group, name, obj["metadata"].get("uid"))

@@ -171,13 +171,17 @@ class JobController:
     async def reconcile(self, job: dict) -> None:
         spec, uid = job["spec"], job["metadata"]["uid"]
         status = copy.deepcopy(job.get("status") or {})
+        if job["metadata"].get("deletionTimestamp"):
+            return  # being deleted (foreground): the garbage collector handles its pods
         finished = _finished(job)
         if finished:
             await self._maybe_ttl(job)
             return
         pods = self._pods_of(job)
         active = [p for p in pods if p["status"].get("phase") not in TERMINAL
-                  and p["metadata"]["uid"] not in self._deleting]
+                  and p["metadata"]["uid"] not in self._deleting
+                  and not p["metadata"].get("deletionTimestamp")]
+        terminating = sum(1 for p in pods if p["metadata"].get("deletionTimestamp"))
         failed = len(self.failed.get(uid, ()))
         if spec["template"]["spec"].get("restartPolicy") == "OnFailure":
             failed_total = failed + sum(s.get("restartCount", 0) for p in active
@@ -226,7 +230,7 @@ class JobController:
                 active += await self._create_pods(job, active, done_idx, succeeded)
         status.update({"active": len(active), "succeeded": succeeded, "failed": failed,
                        "ready": sum(1 for p in active if p["status"].get("phase") == "Running"),
-                       "terminating": 0})
+                       "terminating": terminating})
         if indexed:
             status["completedIndexes"] = _compress(done_idx)
         for k in ("active", "succeeded", "failed"):

@@ -27,6 +27,7 @@ class Kubelet:
         self._dirty = asyncio.Event()
         self._assumed: dict[str, str] = {}  # pod uid -> node, until the cache shows the bind
         self._unschedulable: dict[str, str] = {}  # pod uid -> last reported message
+        self._terminating: set[str] = set()  # pod uids being shut down after a delete
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
@@ -67,12 +68,18 @@ class Kubelet:
         uid = pod["metadata"]["uid"]
         self._dirty.set()
         if type_ == "DELETED":
+            self._terminating.discard(uid)
             self._unschedulable.pop(uid, None)
             self._assumed.pop(uid, None)
             runner = self.runners.pop(uid, None)
             if runner is not None:
                 grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
                 asyncio.create_task(runner.kill(float(grace)))
+            return
+        if pod["metadata"].get("deletionTimestamp"):
+            if uid not in self._terminating:
+                self._terminating.add(uid)
+                asyncio.create_task(self._terminate(pod))
             return
         node = pod["spec"].get("nodeName")
         if node:
@@ -83,6 +90,14 @@ class Kubelet:
             runner = PodRunner(self.client, pod, self.runtime)
             self.runners[uid] = runner
             runner.task = asyncio.create_task(self._run(runner))
+
+    async def _terminate(self, pod: dict) -> None:
+        """A Terminating pod: stop its processes within the grace period, then remove it
+        from the API (grace 0), as the kubelet does after a graceful delete."""
+        runner = self.runners.pop(pod["metadata"]["uid"], None)
+        if runner is not None:
+            await runner.kill(float(pod["metadata"].get("deletionGracePeriodSeconds", 30)))
+        await self.client.delete(path_of(pod), grace=0)
 
     async def _run(self, runner: PodRunner) -> None:
         try:
