@@ -12,8 +12,8 @@ Fixture API (stable; ``pytest_plugins = ["tests.kube.fixtures"]`` or import the 
         kube.map_claim("tunehub-data", path)   # back a claim by another local dir
         kube.counters                    # tests.kube.store.Counters (see below)
         kube.objects("pods", label_selector="job-name=x")   # snapshot list of dicts
-        kube.objects("jobs")             # group defaults to batch for jobs
-        kube.objects("priorityclasses", None, group="scheduling.k8s.io")  # None = all ns
+        kube.objects("jobs")             # group/version found from the plural when unique
+        kube.objects("priorityclasses", None)   # namespace None: all / cluster-scoped
         kube.get("jobs", "name")         # one object or None
         kube.pod_log("pod-name")         # captured stdout+stderr of the (first) container
         kube.pids()                      # {pod: {container: pid}} of live processes
