@@ -151,12 +151,14 @@ class KubeCluster:
     def objects(self, plural: str, namespace: str | None = "", group: str = "",
                 version: str = "v1", label_selector: str | None = None) -> list[dict]:
         """Stored objects of one resource (a snapshot, read directly from the store).
-        ``namespace=""`` means the cluster's namespace, ``None`` all namespaces."""
-        if not group:  # unique plurals (jobs, workloads...) find their own group/version
-            found = [r for r in RESOURCES if r.plural == plural]
-            if len(found) == 1:
-                group, version = found[0].group, found[0].version
+        ``namespace=""`` means the cluster's namespace, ``None`` all namespaces; cluster-scoped
+        resources (nodes, priorityclasses...) ignore it."""
+        found = [r for r in RESOURCES if r.plural == plural and (not group or r.group == group)]
+        if not group and len(found) == 1:  # unique plurals find their own group/version
+            group, version = found[0].group, found[0].version
         ns = self.namespace if namespace == "" else namespace
+        if found and not found[0].namespaced:
+            ns = None
         return self.emulator.objects(plural, ns, group, version, label_selector)
 
     def get(self, plural: str, name: str, namespace: str | None = "", group: str = "",
