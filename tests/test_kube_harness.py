@@ -828,3 +828,50 @@ async def test_work_queue_job_without_completions(kube: KubeCluster,
     job = await finished_job(kube, "queue")
     assert condition(job, "Complete") and job["status"]["succeeded"] == 2
     assert len(kube.objects("pods", label_selector="job-name=queue")) == 2
+
+
+async def test_kueue_preempts_lower_priority_workload_and_readmits_it(
+        kube: KubeCluster, api: client.ApiClient) -> None:
+    for name, value in (("sweep-low", 100), ("sweep-high", 1000)):
+        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                     "metadata": {"name": name}, "value": value})
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                 "metadata": {"name": "t4"},
+                 "spec": {"nodeLabels": {"nvidia.com/gpu.product": "Tesla-T4"}}})
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+                 "metadata": {"name": "gpus"},
+                 "spec": {"preemption": {"withinClusterQueue": "LowerPriority"},
+                          "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"],
+                                              "flavors": [{"name": "t4", "resources": [
+                                                  {"name": "nvidia.com/gpu",
+                                                   "nominalQuota": "2"}]}]}]}})
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+                 "metadata": {"name": "team"}, "spec": {"clusterQueue": "gpus"}})
+    marker = kube.data_dir / "low-started"
+    low_code = (f"import pathlib, time; p = pathlib.Path({str(marker)!r})\n"
+                "if not p.exists():\n    p.write_text('1'); time.sleep(600)\n")
+    batch = client.BatchV1Api(api)
+
+    def queued(name: str, code: str, priority: str) -> dict:
+        body = job_body(name, code, pod={"priorityClassName": priority}, container={
+            "resources": {"limits": {"nvidia.com/gpu": "2"}}})
+        body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+        return body
+
+    await batch.create_namespaced_job(NS, queued("low", low_code, "sweep-low"))
+
+    async def low_started() -> bool:
+        return marker.exists()
+
+    await eventually(low_started, 30, "the low-priority job to run")
+    rv = (await batch.list_namespaced_job(NS)).metadata.resource_version
+    await batch.create_namespaced_job(NS, queued("high", "pass", "sweep-high"))
+    assert condition(await finished_job(kube, "high"), "Complete")
+    low = await finished_job(kube, "low")  # re-admitted after the high one finished
+    suspends = []  # the low Job's history, replayed from before the high one arrived
+    async for event in watch.Watch().stream(batch.list_namespaced_job, NS, resource_version=rv,
+                                            field_selector="metadata.name=low",
+                                            timeout_seconds=1):
+        suspends.append(event["object"].spec.suspend)
+    assert suspends[0] is True and suspends[-1] is False  # evicted, then re-admitted
+    assert condition(low, "Complete") and "failed" not in low["status"]
