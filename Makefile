@@ -36,4 +36,5 @@ test: $(STAMP) browser
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m benchmarks

@@ -34,14 +34,16 @@ class RunContext:
         print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
+class NotMeasured(Exception):
+    """Raised by :meth:`Benchmark.run` when its subject cannot be measured here (a part that
+    has not landed, a service that does not start); the reason goes into ``RESULTS.md``."""
+
+
 class Benchmark(abc.ABC):
     """One side-by-side measurement of tunehub and its peers."""
 
     name: str = "base"
     title: str = "base"
-    #: False for benchmarks whose subject does not exist yet: they render their plan.
-    measured: bool = True
-
     @abc.abstractmethod
     def run(self, ctx: RunContext) -> dict[str, Any]:
         """Measure; return JSON-able raw numbers (the same dict :meth:`render` gets)."""

@@ -45,8 +45,8 @@ def render(store: dict[str, Any], benchmarks: list[Benchmark]) -> str:
     for bench in benchmarks:
         entry = entries.get(bench.name)
         status = "not run yet" if entry is None else (
-            "error" if "error" in entry else ("plan only: not measured yet"
-                                              if not bench.measured else "measured")
+            "error" if "error" in entry else (
+                "not measured" if "not_measured" in entry else "measured")
         )
         parts.append(f"- [{bench.title}](#{_anchor(bench.title)}): {status}")
     parts.append("")
@@ -63,6 +63,9 @@ def render(store: dict[str, Any], benchmarks: list[Benchmark]) -> str:
         )
         if "error" in entry:
             parts.append(f"**The run failed:**\n\n```\n{entry['error']}\n```\n")
+            continue
+        if "not_measured" in entry:
+            parts.append(f"**Not measured:** {entry['not_measured']}\n")
             continue
         parts.append(bench.render(entry["result"]).rstrip() + "\n")
     return "\n".join(parts).rstrip() + "\n"

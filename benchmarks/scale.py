@@ -137,7 +137,9 @@ class ScaleBenchmark(Benchmark):
         trials = ctx.size("scale_trials", QUICK_TRIALS, FULL_TRIALS)
         profile = bool(ctx.options.get("profile"))
         result: dict[str, Any] = {"trials": trials, "parallelism": PARALLELISM, "databases": {}}
-        for db_name in ("sqlite", "postgresql"):
+        # scale_databases=1: SQLite only (the smoke test); 2 (default): also PostgreSQL.
+        names = ("sqlite", "postgresql")[: ctx.size("scale_databases", 2, 2)]
+        for db_name in names:
             ctx.log(f"scale: {trials} trials on {db_name} (tunehub, instant backend)")
             entry: dict[str, Any] = {}
             with self._url(db_name, ctx.scratch / f"scale-{db_name}-tunehub") as url:

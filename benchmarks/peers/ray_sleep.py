@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--storage-path", required=True)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--import-tf", action="store_true")
+    parser.add_argument("--reuse-actors", action="store_true",
+                        help="TuneConfig(reuse_actors=True); Ray's default is False")
     args = parser.parse_args()
 
     import ray
@@ -84,6 +86,7 @@ def main() -> None:
             scheduler=ASHAScheduler(max_t=1, grace_period=1),
             num_samples=args.trials,
             max_concurrent_trials=args.parallelism,
+            reuse_actors=args.reuse_actors,
         ),
         run_config=tune.RunConfig(
             storage_path=args.storage_path, name="bench", verbose=0, callbacks=[StartTimes()]
@@ -106,6 +109,7 @@ def main() -> None:
         "shutdown_s": t3 - t2,
         "completed": completed,
         "trials": args.trials,
+        "reuse_actors": args.reuse_actors,
         "best_value": results.get_best_result().metrics.get("score"),
         "start_latency_s": latencies,
         "driver_max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

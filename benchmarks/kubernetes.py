@@ -1,0 +1,183 @@
+"""Kubernetes backend: N concurrent trials against the Kubernetes API emulator (``python -m
+tests.kube``): API requests per trial, reads and writes separately (the emulator counts every
+request of the code under test), and the controller's memory as the sweep grows.
+
+Runs only when both parts exist in the tree: the backend (``tuner/backends/kubernetes.py``) and
+the emulator (``tests/kube``); otherwise it reports what is missing instead of a number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks._base import Benchmark, NotMeasured, RunContext
+from benchmarks._common import REPO, secs, sqlite_url
+
+TRIAL_CODE = Path(__file__).resolve().parent / "trials" / "kube"
+EMULATOR_START_TIMEOUT = 120.0
+
+
+def missing_parts() -> list[str]:
+    """What this benchmark needs that the tree does not have yet."""
+    missing = []
+    if importlib.util.find_spec("tuner.backends.kubernetes") is None:
+        missing.append("the Kubernetes backend tuner/backends/kubernetes.py (issue 4)")
+    if not (REPO / "tests" / "kube" / "__main__.py").exists():
+        missing.append("the Kubernetes emulator tests/kube")
+    return missing
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextlib.contextmanager
+def emulator(data: Path, workdir: Path) -> Iterator[dict[str, Any]]:
+    """``python -m tests.kube`` in a process of its own; yields its JSON line (url,
+    kubeconfig, namespace, counters)."""
+    data.mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.kube", "--data", str(data), "--workdir", str(workdir)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=(workdir / "emulator.log").open("wb"),
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the emulator prints its address or dies
+        if not line.startswith("{"):
+            raise RuntimeError(f"the emulator did not start (exit {proc.poll()}); see "
+                               f"{workdir / 'emulator.log'}")
+        yield json.loads(line)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def counters(url: str, reset: bool = False) -> dict[str, dict[str, dict[str, int]]]:
+    import httpx
+
+    if reset:
+        httpx.delete(f"{url}/_emulator/counters", timeout=30)
+        return {}
+    return dict(httpx.get(f"{url}/_emulator/counters", timeout=30).json())
+
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+def split_counts(counts: dict[str, dict[str, dict[str, int]]]) -> dict[str, Any]:
+    client = counts.get("client", {})
+    reads = sum(n for verbs in client.values() for v, n in verbs.items() if v not in WRITE_VERBS)
+    writes = sum(n for verbs in client.values() for v, n in verbs.items() if v in WRITE_VERBS)
+    return {"reads": reads, "writes": writes, "by_resource": client}
+
+
+def kube_spec(trials: int) -> dict[str, Any]:
+    return {
+        "name": "kube-bench", "command": "python trial.py", "code": str(TRIAL_CODE),
+        "metric": "score", "trials": trials, "parallelism": trials, "sampler": "random",
+        "seed": 1, "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+        "resources": {"cpu": 0.001, "memory": "64Mi", "gpu": 0},
+    }
+
+
+async def _sweep_with_rss(settings: Any, db: Any, spec: Any) -> tuple[Any, list[float]]:
+    from benchmarks._tunehub import run_sweep
+
+    samples: list[float] = []
+
+    async def sample() -> None:
+        while True:
+            samples.append(rss_mib())
+            await asyncio.sleep(0.5)  # a sampling period, not synchronisation
+
+    sampler = asyncio.get_running_loop().create_task(sample())
+    try:
+        run = await run_sweep(settings, db, spec, "kubernetes")
+    finally:
+        sampler.cancel()
+    return run, samples
+
+
+def run_size(home: Path, trials: int, cluster: dict[str, Any]) -> dict[str, Any]:
+    from benchmarks._tunehub import settings_for
+    from tuner.db import Database
+    from tuner.spec import SweepSpec
+
+    url = sqlite_url(home)
+    settings = settings_for(home, url)
+    db = Database(url)
+    counters(cluster["url"], reset=True)
+    before = rss_mib()
+    try:
+        t0 = time.perf_counter()
+        run, samples = asyncio.run(_sweep_with_rss(settings, db, SweepSpec.from_dict(
+            kube_spec(trials))))
+        wall = time.perf_counter() - t0
+    finally:
+        db.dispose()
+    counts = split_counts(counters(cluster["url"]))
+    return {"trials": trials, "state": run.state, "wall_s": wall, "rss_before_mib": before,
+            "rss_peak_mib": max(samples, default=before), **counts,
+            "reads_per_trial": counts["reads"] / trials,
+            "writes_per_trial": counts["writes"] / trials}
+
+
+class KubernetesBenchmark(Benchmark):
+    name = "kubernetes"
+    title = "Kubernetes backend"
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        missing = missing_parts()
+        if missing:
+            raise NotMeasured("not in the tree yet: " + "; ".join(missing))
+        trials = ctx.size("kube_trials", 20, 500)
+        sizes = sorted({max(1, trials // 5), trials})
+        with emulator(ctx.scratch / "data", ctx.scratch / "kube") as cluster:
+            os.environ["KUBECONFIG"] = cluster["kubeconfig"]
+            os.environ["TUNEHUB_KUBE_NAMESPACE"] = cluster["namespace"]
+            runs = []
+            for n in sizes:
+                ctx.log(f"kubernetes: {n} concurrent trials")
+                runs.append(run_size(ctx.scratch / f"home-{n}", n, cluster))
+        return {"runs": runs}
+
+    def render(self, result: dict[str, Any]) -> str:
+        lines = [
+            "All trials of a sweep at once (parallelism = trials) on the Kubernetes backend "
+            "against the API emulator over real HTTP (its kubelet stand-in runs the pods' "
+            "commands as local processes). Requests are those of tunehub's controller only "
+            "(the emulator's own kubelet/Job controller are counted apart).",
+            "",
+            "| trials | state | wall | reads / trial | writes / trial | controller RSS before"
+            " → peak | growth / trial |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in result["runs"]:
+            growth = (r["rss_peak_mib"] - r["rss_before_mib"]) / r["trials"] * 1024
+            lines.append(
+                f"| {r['trials']} | {r['state']} | {secs(r['wall_s'])} | "
+                f"{r['reads_per_trial']:.2f} | {r['writes_per_trial']:.2f} | "
+                f"{r['rss_before_mib']:.0f} → {r['rss_peak_mib']:.0f} MiB | {growth:.0f} KiB |"
+            )
+        lines += ["", "Target (issue 6): constant requests per trial (no polling), memory "
+                      "growing no faster than linearly with the number of trials."]
+        return "\n".join(lines)
