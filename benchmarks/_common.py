@@ -186,3 +186,12 @@ def throughput(finish_times: Sequence[float], center: int, width: int = 100) -> 
     hi = min(n - 1, lo + width - 1)
     span = times[hi] - times[lo]
     return (hi - lo) / span if span > 0 else None
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now (for services the benchmarks start)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
