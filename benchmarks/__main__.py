@@ -41,6 +41,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also write cProfile dumps of tunehub's side to the output's profiles/")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    p.add_argument("--note", default=None,
+                   help="a sentence for RESULTS.md about the conditions of this run (e.g. "
+                        "that the machine was shared)")
     p.add_argument("--list", action="store_true", help="list benchmarks and their size keys")
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in names]
@@ -81,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     store: dict[str, Any] = (
         json.loads(store_path.read_text()) if store_path.exists() else {"benchmarks": {}}
     )
+    if args.note is not None:
+        store["note"] = args.note
     selected = [b for b in benches if not args.names or b.name in args.names]
     scratch = Path(tempfile.mkdtemp(prefix="tunehub-bench-"))
     command = "python -m benchmarks " + shlex.join(sys.argv[1:] if argv is None else argv)

@@ -24,9 +24,12 @@ from tuner.sweeps import Actor, SweepStore
 ACTOR = Actor(name="bench", admin=True)
 
 
-def settings_for(home: Path, db_url: str) -> Settings:
+def settings_for(home: Path, db_url: str, data: Path | None = None) -> Settings:
     os.environ.setdefault("TUNEHUB_LOCAL_GPUS", "")  # no NVML probing: this machine has none
-    return load_settings({"TUNEHUB_HOME": str(home), "TUNEHUB_DB_URL": db_url}).ensure_dirs()
+    env = {"TUNEHUB_HOME": str(home), "TUNEHUB_DB_URL": db_url}
+    if data is not None:
+        env["TUNEHUB_DATA"] = str(data)
+    return load_settings(env).ensure_dirs()
 
 
 @dataclass

@@ -21,20 +21,43 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._base import Benchmark, NotMeasured, RunContext
-from benchmarks._common import REPO, secs, sqlite_url
+from benchmarks._common import REPO, git_commit, secs, sqlite_url
 
 TRIAL_CODE = Path(__file__).resolve().parent / "trials" / "kube"
 EMULATOR_START_TIMEOUT = 120.0
 
 
+def _committed(*paths: str) -> bool:
+    """Whether git tracks any of ``paths``: a part someone is still writing (untracked in
+    this shared checkout) is not benchmarked."""
+    out = subprocess.run(["git", "ls-files", "--", *paths], cwd=REPO, capture_output=True,
+                         text=True)
+    return bool(out.stdout.strip())
+
+
 def missing_parts() -> list[str]:
     """What this benchmark needs that the tree does not have yet."""
     missing = []
-    if importlib.util.find_spec("tuner.backends.kubernetes") is None:
-        missing.append("the Kubernetes backend tuner/backends/kubernetes.py (issue 4)")
-    if not (REPO / "tests" / "kube" / "__main__.py").exists():
+    if importlib.util.find_spec("tuner.backends.kubernetes") is None or not _committed(
+        "tuner/backends/kubernetes", "tuner/backends/kubernetes.py"
+    ):
+        missing.append("the Kubernetes backend tuner/backends/kubernetes (issue 4) is not "
+                       f"committed at {git_commit()}")
+    if not _committed("tests/kube/__main__.py"):
         missing.append("the Kubernetes emulator tests/kube")
     return missing
+
+
+def priority_class(url: str, name: str) -> None:
+    """The PriorityClass the backend's Jobs name, created as the harness (not counted)."""
+    import httpx
+
+    r = httpx.post(f"{url}/apis/scheduling.k8s.io/v1/priorityclasses", timeout=30,
+                   headers={"User-Agent": "tunehub-kube-harness/bench"},
+                   json={"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                         "metadata": {"name": name}, "value": 1000})
+    if r.status_code not in (201, 409):
+        raise RuntimeError(f"creating PriorityClass {name}: {r.status_code} {r.text[:300]}")
 
 
 def rss_mib() -> float:
@@ -117,13 +140,13 @@ async def _sweep_with_rss(settings: Any, db: Any, spec: Any) -> tuple[Any, list[
     return run, samples
 
 
-def run_size(home: Path, trials: int, cluster: dict[str, Any]) -> dict[str, Any]:
+def run_size(home: Path, data: Path, trials: int, cluster: dict[str, Any]) -> dict[str, Any]:
     from benchmarks._tunehub import settings_for
     from tuner.db import Database
     from tuner.spec import SweepSpec
 
     url = sqlite_url(home)
-    settings = settings_for(home, url)
+    settings = settings_for(home, url, data)
     db = Database(url)
     counters(cluster["url"], reset=True)
     before = rss_mib()
@@ -151,13 +174,21 @@ class KubernetesBenchmark(Benchmark):
             raise NotMeasured("not in the tree yet: " + "; ".join(missing))
         trials = ctx.size("kube_trials", 20, 500)
         sizes = sorted({max(1, trials // 5), trials})
-        with emulator(ctx.scratch / "data", ctx.scratch / "kube") as cluster:
-            os.environ["KUBECONFIG"] = cluster["kubeconfig"]
-            os.environ["TUNEHUB_KUBE_NAMESPACE"] = cluster["namespace"]
+        data = (ctx.scratch / "data").resolve()
+        with emulator(data, ctx.scratch / "kube") as cluster:
+            # The backend's settings (tuner/backends/kubernetes/settings.py): the emulator's
+            # kubeconfig, its namespace, and TUNEHUB_HOME inside the data store the
+            # emulator mounts as the tunehub-data claim.
+            os.environ.update({"KUBECONFIG": cluster["kubeconfig"],
+                               "TUNEHUB_K8S_NAMESPACE": cluster["namespace"],
+                               "TUNEHUB_DATA": str(data)})
+            priority_class(cluster["url"], "tunehub-sweep-normal")
             runs = []
             for n in sizes:
                 ctx.log(f"kubernetes: {n} concurrent trials")
-                runs.append(run_size(ctx.scratch / f"home-{n}", n, cluster))
+                home = data / f"home-{n}"
+                os.environ["TUNEHUB_HOME"] = str(home)
+                runs.append(run_size(home, data, n, cluster))
         return {"runs": runs}
 
     def render(self, result: dict[str, Any]) -> str:

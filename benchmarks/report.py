@@ -29,6 +29,8 @@ def _machine_line(m: dict[str, Any]) -> str:
 def render(store: dict[str, Any], benchmarks: list[Benchmark]) -> str:
     entries = store.get("benchmarks", {})
     parts = [HEADER]
+    if store.get("note"):
+        parts.append(f"**Conditions:** {store['note']}\n")
     machines = {_machine_line(e["machine"]) for e in entries.values() if "machine" in e}
     if machines:
         parts.append("## Machine and versions\n")

@@ -114,18 +114,20 @@ class StartLatencyBenchmark(Benchmark):
             ctx.log(f"start_latency: {mode}, {trials} trials")
             raw = run_tunehub(ctx.scratch / mode, trials, warm)
             result["tools"][mode] = {**_digest(raw["latency_s"]), "state": raw["state"]}
-        ctx.log(f"start_latency: Ray Tune, {trials} trials importing TensorFlow")
-        ray_dir = ctx.scratch / "ray"
-        ray_dir.mkdir(parents=True, exist_ok=True)
-        ray = run_peer(
-            "ray_sleep",
-            ["--trials", str(trials), "--parallelism", str(PARALLELISM), "--sleep", "0",
-             "--import-tf", "--storage-path", str(ray_dir)],
-            env=tunehub_env(ctx.scratch, "sqlite://"),
-        )
-        ray["command"] = ray["command"].replace(str(ray_dir), "<scratch>")
-        result["tools"]["ray"] = {**_digest(ray["start_latency_s"]),
-                                  "command": ray["command"]}
+        for key, extra in (("ray", []), ("ray_reuse", ["--reuse-actors"])):
+            ctx.log(f"start_latency: Ray Tune ({key}), {trials} trials importing TensorFlow")
+            ray_dir = ctx.scratch / key
+            ray_dir.mkdir(parents=True, exist_ok=True)
+            ray = run_peer(
+                "ray_sleep",
+                ["--trials", str(trials), "--parallelism", str(PARALLELISM), "--sleep", "0",
+                 "--import-tf", "--storage-path", str(ray_dir), *extra],
+                env={**tunehub_env(ctx.scratch, "sqlite://"),
+                     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"},
+            )
+            ray["command"] = ray["command"].replace(str(ray_dir), "<scratch>")
+            result["tools"][key] = {**_digest(ray["start_latency_s"]),
+                                    "command": ray["command"]}
         return result
 
     def render(self, result: dict[str, Any]) -> str:
@@ -134,7 +136,9 @@ class StartLatencyBenchmark(Benchmark):
             "and Keras and records the moment its code runs. tunehub: from the controller's "
             "`_launch` to that moment (includes the trial's database rows, working directory, "
             "and the process start). Ray Tune: from `Callback.on_trial_start` on the driver "
-            "to that moment in the trainable.",
+            "to that moment in the trainable (with `reuse_actors=True` a trial runs in an actor "
+            "of an earlier trial, so TensorFlow is already imported, but trials share one "
+            "process: no isolation).",
             "",
             "| mode | p50 | p95 | max | first trial | p50 excl. first | p50 / tunehub warm |",
             "|---|---|---|---|---|---|---|",
@@ -143,7 +147,8 @@ class StartLatencyBenchmark(Benchmark):
         warm_p50 = tools.get("tunehub_warm", {}).get("all", {}).get("p50")
         for key, label in (("tunehub_cold", "tunehub cold (new process)"),
                            ("tunehub_warm", "tunehub warm (fork of a TF-loaded process)"),
-                           ("ray", "Ray Tune (default actor handling)")):
+                           ("ray", "Ray Tune, defaults (new actor per trial)"),
+                           ("ray_reuse", "Ray Tune, reuse_actors=True")):
             d = tools.get(key)
             if not d or not d["all"].get("n"):
                 lines.append(f"| {label} | no trial ran | | | | | |")
