@@ -45,6 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="a sentence for RESULTS.md about the conditions of this run (e.g. "
                         "that the machine was shared)")
     p.add_argument("--list", action="store_true", help="list benchmarks and their size keys")
+    p.add_argument("--render-only", action="store_true",
+                   help="run nothing: re-render RESULTS.md from the stored results.json")
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in names]
     if unknown:
@@ -62,7 +64,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 SIZE_KEYS = {
     "overhead": "overhead_trials (1000), overhead_peer_trials (= trials), "
                 "overhead_ray_default_trials (100)",
-    "scale": "scale_trials (10000), scale_databases (2: SQLite and PostgreSQL; 1: SQLite)",
+    "scale": "scale_trials (10000), scale_peer_trials (= trials), "
+             "scale_databases (2: SQLite and PostgreSQL; 1: SQLite)",
     "digits": "digits_trials (20 per sweep), digits_seeds (3), digits_epochs (12), "
               "digits_target_permille (970)",
     "start_latency": "latency_trials (20 per mode)",
@@ -86,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.note is not None:
         store["note"] = args.note
+    if args.render_only:
+        write_json(store_path, store)
+        (out / "RESULTS.md").write_text(render(store, benches))
+        print(f"wrote {out / 'RESULTS.md'}")
+        return 0
     selected = [b for b in benches if not args.names or b.name in args.names]
     scratch = Path(tempfile.mkdtemp(prefix="tunehub-bench-"))
     command = "python -m benchmarks " + shlex.join(sys.argv[1:] if argv is None else argv)

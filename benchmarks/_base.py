@@ -51,3 +51,8 @@ class Benchmark(abc.ABC):
     @abc.abstractmethod
     def render(self, result: dict[str, Any]) -> str:
         """The Markdown section for ``RESULTS.md`` (without its heading)."""
+
+    def headline(self, result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+        """(target, what was measured, met?) rows for the summary on top of ``RESULTS.md``;
+        ``None`` when there is no verdict to give."""
+        return []

@@ -131,6 +131,20 @@ class DigitsBenchmark(Benchmark):
             }
         return result
 
+    def headline(self, result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+        tpe = result["methods"].get("tpe_hyperband", {})
+        rnd = result["methods"].get("random", {})
+        a, b = rnd.get("median_epochs"), tpe.get("median_epochs")
+        if a is None or b is None:
+            return [("≥ 3× less compute than random to the target",
+                     f"target {result['target']:.3f} not reached by both (TPE+HB "
+                     f"{tpe.get('reached', 0)}/{result['seeds']}, random "
+                     f"{rnd.get('reached', 0)}/{result['seeds']} seeds)", False)]
+        whole = ratio(rnd.get("median_total_epochs"), tpe.get("median_total_epochs"))
+        return [(f"≥ 3× less compute than random to val_accuracy {result['target']:.3f}",
+                 f"{_int(b)} vs {_int(a)} epochs (median of {result['seeds']} seeds): "
+                 f"{ratio(a, b)}; whole sweeps {whole}", a / b >= 3)]
+
     def render(self, result: dict[str, Any]) -> str:
         lines = [
             f"`examples/digits` (Keras MLP, sklearn digits), {result['trials']} trials per "

@@ -125,6 +125,15 @@ class HubBenchmark(Benchmark):
                 "failure_reasons": sorted({r.failed or "" for r in failures})[:10],
                 "runs": as_json(runs), "ramp_s": n * RAMP_SECONDS_PER_USER}
 
+    def headline(self, result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+        spawn = result["steps"].get("spawn", {})
+        return [
+            (f"{result['users']} concurrent users: spawn p50/p95",
+             f"{secs(spawn.get('p50'))} / {secs(spawn.get('p95'))}", None),
+            ("0 failures", f"{result['failures']} of {result['users']} users failed",
+             result["failures"] == 0),
+        ]
+
     def render(self, result: dict[str, Any]) -> str:
         lines = [
             f"{result['users']} users against `tunehub up` (local spawner, SQLite, "

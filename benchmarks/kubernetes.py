@@ -191,6 +191,25 @@ class KubernetesBenchmark(Benchmark):
                 runs.append(run_size(home, data, n, cluster))
         return {"runs": runs}
 
+    def headline(self, result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+        runs = result["runs"]
+        if len(runs) < 2:
+            return []
+        small, big = runs[0], runs[-1]
+        per = (big["reads_per_trial"] + big["writes_per_trial"]) / max(
+            1e-9, small["reads_per_trial"] + small["writes_per_trial"])
+        g_small = (small["rss_peak_mib"] - small["rss_before_mib"]) / small["trials"]
+        g_big = (big["rss_peak_mib"] - big["rss_before_mib"]) / big["trials"]
+        return [
+            ("constant API requests per trial (no polling)",
+             f"{small['trials']} trials: {small['reads_per_trial']:.1f} reads + "
+             f"{small['writes_per_trial']:.1f} writes; {big['trials']}: "
+             f"{big['reads_per_trial']:.1f} + {big['writes_per_trial']:.1f}", per <= 1.2),
+            ("controller memory at most linear in trials",
+             f"{g_small * 1024:.0f} KiB/trial at {small['trials']}, {g_big * 1024:.0f} "
+             f"KiB/trial at {big['trials']}", g_big <= max(g_small, 0.05) * 1.5),
+        ]
+
     def render(self, result: dict[str, Any]) -> str:
         lines = [
             "All trials of a sweep at once (parallelism = trials) on the Kubernetes backend "

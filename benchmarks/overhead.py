@@ -115,6 +115,24 @@ class OverheadBenchmark(Benchmark):
             result["tools"][key] = ray_res
         return result
 
+    def headline(self, result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+        tools, sleep, par = result["tools"], result["sleep_s"], result["parallelism"]
+        th, ray = tools.get("tunehub"), tools.get("ray")
+        if not th:
+            return []
+        ideal = result["trials"] * sleep / par
+        over = th["wall_s"] / ideal - 1
+        rows: list[tuple[str, str, bool | None]] = [(
+            f"{result['trials']} × {sleep} s trials within 10 % of ideal ({secs(ideal)})",
+            f"tunehub {secs(th['wall_s'])}, {over * 100:+.1f} %", over <= 0.10)]
+        if ray:
+            ray_over = ray["wall_s"] - ray.get("trials", result["trials"]) * sleep / par
+            th_over = th["wall_s"] - ideal
+            rows.append(("lower overhead than Ray Tune",
+                         f"tunehub {secs(th_over)} vs Ray Tune (reuse_actors) "
+                         f"{secs(ray_over)} above ideal", th_over < ray_over))
+        return rows
+
     def render(self, result: dict[str, Any]) -> str:
         sleep, par = result["sleep_s"], result["parallelism"]
         lines = [

@@ -43,6 +43,24 @@ def render(store: dict[str, Any], benchmarks: list[Benchmark]) -> str:
             "- Packages: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
         )
         parts.append("")
+    rows = []
+    for bench in benchmarks:
+        entry = entries.get(bench.name)
+        if entry is None:
+            continue
+        if "not_measured" in entry or "error" in entry:
+            why = entry.get("not_measured") or "the run failed"
+            rows.append(f"| {bench.title} | – | not measured: {why} | – |")
+            continue
+        for target, measured, met in bench.headline(entry["result"]):
+            verdict = {True: "met", False: "**not met**", None: "–"}[met]
+            rows.append(f"| {bench.title} | {target} | {measured} | {verdict} |")
+    if rows:
+        parts.append("## Summary against the targets of issue 6\n")
+        parts.append("| benchmark | target | measured | |")
+        parts.append("|---|---|---|---|")
+        parts.extend(rows)
+        parts.append("")
     parts.append("## Contents\n")
     for bench in benchmarks:
         entry = entries.get(bench.name)

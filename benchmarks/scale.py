@@ -135,8 +135,10 @@ class ScaleBenchmark(Benchmark):
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         trials = ctx.size("scale_trials", QUICK_TRIALS, FULL_TRIALS)
+        peer_trials = ctx.size("scale_peer_trials", trials, trials)
         profile = bool(ctx.options.get("profile"))
-        result: dict[str, Any] = {"trials": trials, "parallelism": PARALLELISM, "databases": {}}
+        result: dict[str, Any] = {"trials": trials, "peer_trials": peer_trials,
+                                  "parallelism": PARALLELISM, "databases": {}}
         # scale_databases=1: SQLite only (the smoke test); 2 (default): also PostgreSQL.
         names = ("sqlite", "postgresql")[: ctx.size("scale_databases", 2, 2)]
         for db_name in names:
@@ -148,11 +150,11 @@ class ScaleBenchmark(Benchmark):
                 raw = run_tunehub(ctx.scratch / f"scale-{db_name}-home", url, trials, prof)
                 ctx.log(f"scale: tunehub on {db_name} took {time.perf_counter() - t0:.0f} s")
                 entry["tunehub"] = digest(raw, trials)
-            ctx.log(f"scale: {trials} trials on {db_name} (plain Optuna ask/tell)")
+            ctx.log(f"scale: {peer_trials} trials on {db_name} (plain Optuna ask/tell)")
             with self._url(db_name, ctx.scratch / f"scale-{db_name}-optuna") as url:
                 peer = run_peer(
                     "optuna_asktell",
-                    ["--trials", str(trials), "--parallelism", str(PARALLELISM),
+                    ["--trials", str(peer_trials), "--parallelism", str(PARALLELISM),
                      "--storage", url],
                     env=tunehub_env(ctx.scratch, url),
                 )
@@ -160,7 +162,7 @@ class ScaleBenchmark(Benchmark):
                     a + t for a, t in zip(peer["ask_s"], peer["tell_s"], strict=False)
                 ]
                 peer["command"] = peer["command"].replace(url, f"<{db_name} url>")
-                entry["optuna"] = digest(peer, trials)
+                entry["optuna"] = digest(peer, peer_trials)
             result["databases"][db_name] = entry
         return result
 
@@ -174,6 +176,24 @@ class ScaleBenchmark(Benchmark):
             with pg_schema("bench_scale") as url:
                 yield url
 
+    def headline(self, result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+        rows: list[tuple[str, str, bool | None]] = []
+        n = result["trials"]
+        for db_name, entry in result["databases"].items():
+            th = entry.get("tunehub", {})
+            per, sugg = th.get("per_trial_s"), th.get("optuna_ask_s")
+            if not per or not sugg:
+                continue
+            growth = per["late"]["p50"] / per["early"]["p50"]
+            rows.append((f"{db_name}: per-trial controller time flat (≤ 2×), trial 100 → "
+                         f"{n:,}", f"{ms(per['early']['p50'])} → {ms(per['late']['p50'])} "
+                         f"({growth:.2f}×)", growth <= 2))
+            rows.append((f"{db_name}: suggestion p95 ≤ 50 ms",
+                         f"p95 {ms(sugg['all']['p95'])} over all {n:,} trials, "
+                         f"{ms(sugg['late']['p95'])} in the last 100",
+                         sugg["all"]["p95"] <= 0.05))
+        return rows
+
     def render(self, result: dict[str, Any]) -> str:
         n = result["trials"]
         lines = [
@@ -186,7 +206,8 @@ class ScaleBenchmark(Benchmark):
             "start-up. Peer: plain Optuna's ask/tell loop with the same sampler config and "
             "the same kind of storage, 4 trials in flight.",
             "",
-            f"\"Early\" = trials 51–150, \"late\" = the last 100 trials (of {n:,}).",
+            f"\"Early\" = trials 51–150, \"late\" = the last 100 trials (of {n:,} for "
+            f"tunehub, of {result.get('peer_trials', n):,} for plain Optuna).",
             "",
             "| database | what | early p50 | late p50 | late / early | late p95 |",
             "|---|---|---|---|---|---|",

@@ -130,6 +130,18 @@ class StartLatencyBenchmark(Benchmark):
                                     "command": ray["command"]}
         return result
 
+    def headline(self, result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+        tools = result["tools"]
+        warm = tools.get("tunehub_warm", {}).get("all", {})
+        cold = tools.get("tunehub_cold", {}).get("all", {})
+        ray = tools.get("ray", {}).get("all", {})
+        if not warm.get("n"):
+            return []
+        return [("warm start median ≤ 0.5 s (launch → code running with TensorFlow)",
+                 f"warm p50 {ms(warm['p50'])}, p95 {ms(warm['p95'])} (cold p50 "
+                 f"{ms(cold.get('p50'))}; Ray Tune p50 {ms(ray.get('p50'))})",
+                 warm["p50"] <= 0.5)]
+
     def render(self, result: dict[str, Any]) -> str:
         lines = [
             f"{result['trials']} trials per mode, one at a time; the trial imports TensorFlow "
