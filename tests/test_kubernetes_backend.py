@@ -1,0 +1,383 @@
+"""The Kubernetes backend: its manifests against the Kubernetes OpenAPI schema, and the backend
+against the API emulator + kubelet stand-in (tests/kube), whose pods run as local processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from tests.kube import KubeCluster
+from tests.kube.waiting import eventually
+from tuner.backends._base import TrialEvent, TrialLaunch
+from tuner.backends.kubernetes import GpuType, KubernetesBackend, KubeSettings
+from tuner.backends.kubernetes import manifests as m
+from tuner.spec import Resources, SpecError, SweepSpec
+from tuner.trial import ENV_TOKEN
+
+K8S_VERSION = "1.30"
+GPU_TYPES = [
+    {"name": "t4", "product": "Tesla-T4", "generation": 1, "maxPerNode": 4},
+    {"name": "a100", "product": "NVIDIA-A100-SXM4-80GB", "generation": 2, "maxPerNode": 2},
+]
+
+
+def settings(data: Path, **kw: object) -> KubeSettings:
+    base: dict = {
+        "namespace": "tunehub",
+        "data_path": data,
+        "gpu_types": (
+            GpuType("t4", "Tesla-T4", 1, 4),
+            GpuType("a100", "NVIDIA-A100-SXM4-80GB", 2, 2),
+        ),
+    }
+    base.update(kw)
+    return KubeSettings(**base)
+
+
+def launch(data: Path, trial: int = 7, attempt: int = 1, command: str = "python train.py",
+           resources: Resources | None = None, **kw: object) -> TrialLaunch:
+    workdir = data / ".tunehub" / "sweeps" / "3" / "trials" / str(trial)
+    base: dict = {
+        "sweep_id": 3, "trial_id": trial, "number": trial, "attempt": attempt,
+        "command": command, "workdir": workdir,
+        "env": {ENV_TOKEN: "s3cret", "TUNEHUB_TRIAL_ID": str(trial), "TUNEHUB_DATA": str(data)},
+        "resources": resources or Resources(), "timeout": 90.0,
+        "log_path": workdir / "trial.log", "priority": "normal", "owner": "alice",
+    }
+    base.update(kw)
+    return TrialLaunch(**base)
+
+
+def valid(obj: dict) -> dict:
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    return obj
+
+
+# --- manifests (unit) ----------------------------------------------------------------------
+
+def test_job_manifest_is_valid_and_locked_down(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    job = valid(m.job(s, launch(tmp_path, resources=Resources(cpu=0.5, memory="1Gi"))))
+    meta, spec = job["metadata"], job["spec"]
+    assert meta["name"] == "tunehub-s3-t7-a1"
+    for key in ("name", "instance", "component", "part-of", "managed-by"):
+        assert f"app.kubernetes.io/{key}" in meta["labels"]
+    assert meta["labels"][m.SWEEP_LABEL] == "3" and meta["labels"][m.TRIAL_LABEL] == "7"
+    assert meta["labels"][m.ATTEMPT_LABEL] == "1"
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 90
+    assert spec["ttlSecondsAfterFinished"] == 3600 and "suspend" not in spec
+    pod = spec["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["priorityClassName"] == "tunehub-sweep-normal"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 1000
+    (ctr,) = pod["containers"]
+    sc = ctr["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert ctr["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1Gi"}}
+    env = {e["name"]: e for e in ctr["env"]}
+    assert "value" not in env[ENV_TOKEN]  # never in the Job, only in the Secret
+    assert env[ENV_TOKEN]["valueFrom"]["secretKeyRef"] == {
+        "name": "tunehub-s3-t7-a1-token", "key": "token"}
+    assert "s3cret" not in json.dumps(job)
+    mounts = ctr["volumeMounts"]
+    assert mounts[0] == {"name": "data", "mountPath": str(tmp_path), "readOnly": True}
+    assert mounts[1]["mountPath"] == str(tmp_path / ".tunehub/sweeps/3/trials/7")
+    assert mounts[1]["subPath"] == ".tunehub/sweeps/3/trials/7" and not mounts[1].get("readOnly")
+    assert pod["volumes"] == [{"name": "data", "persistentVolumeClaim": {
+        "claimName": "tunehub-data"}}]
+    assert "tolerations" not in pod and "nodeSelector" not in pod and "affinity" not in pod
+
+
+def test_gpu_type_selects_nodes_and_tolerates_the_gpu_taint(tmp_path: Path) -> None:
+    job = valid(m.job(settings(tmp_path), launch(
+        tmp_path, resources=Resources(gpu=2, gpu_type="a100"))))
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+
+
+@pytest.mark.parametrize(("priority", "preferred"), [
+    ("low", "Tesla-T4"), ("high", "NVIDIA-A100-SXM4-80GB")])
+def test_priority_orders_gpu_generations(tmp_path: Path, priority: str, preferred: str) -> None:
+    job = valid(m.job(settings(tmp_path), launch(
+        tmp_path, resources=Resources(gpu=1), priority=priority)))
+    pod = job["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == f"tunehub-sweep-{priority}"
+    terms = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    best = max(terms, key=lambda t: t["weight"])
+    assert best["preference"]["matchExpressions"][0]["values"] == [preferred]
+    normal = m.job(settings(tmp_path), launch(tmp_path, resources=Resources(gpu=1)))
+    assert "affinity" not in normal["spec"]["template"]["spec"]
+
+
+def test_kueue_queue_suspends_and_labels(tmp_path: Path) -> None:
+    job = valid(m.job(settings(tmp_path, queue="team-a"), launch(tmp_path)))
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+
+
+def test_multi_worker_is_an_indexed_job_with_a_headless_service(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    job = valid(m.job(s, launch(tmp_path, resources=Resources(workers=3))))
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 3
+    assert spec["template"]["spec"]["subdomain"] == "tunehub-s3-t7-a1"
+    job["metadata"]["uid"] = "0e0e0e0e-0000-0000-0000-000000000000"
+    svc = valid(m.worker_service(s, launch(tmp_path), job))
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    secret = valid(m.token_secret(s, launch(tmp_path), "tok", job))
+    assert secret["stringData"] == {"token": "tok"}
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "Job"
+
+
+def test_tf_config_per_worker_index(tmp_path: Path) -> None:
+    """The wrapper really computes TF_CONFIG from JOB_COMPLETION_INDEX in a shell."""
+    import subprocess
+
+    line = m.tf_config_command("j", 2, "echo \"$TF_CONFIG\"")
+    out = subprocess.run(["/bin/sh", "-c", line], env={"JOB_COMPLETION_INDEX": "1"},
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == {
+        "cluster": {"worker": ["j-0.j:2222", "j-1.j:2222"]},
+        "task": {"type": "worker", "index": 1}}
+
+
+def test_workdir_outside_the_data_store_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="outside the data store"):
+        m.job(settings(tmp_path / "data"), launch(tmp_path / "elsewhere"))
+
+
+def test_settings_from_env(tmp_path: Path) -> None:
+    gpu_file = tmp_path / "gpus.yaml"
+    gpu_file.write_text("gpuTypes:\n  - {name: t4, product: Tesla-T4, generation: 1}\n")
+    s = KubeSettings.from_env({
+        "TUNEHUB_DATA": str(tmp_path), "TUNEHUB_K8S_NAMESPACE": "ml",
+        "TUNEHUB_K8S_GPU_TYPES": str(gpu_file), "TUNEHUB_K8S_QUEUE": "q",
+        "TUNEHUB_K8S_PRIORITY_CLASSES": json.dumps({"low": "cheap"}),
+        "TUNEHUB_K8S_MAX_GPUS_PER_USER": "4", "TUNEHUB_K8S_TRIAL_TIMEOUT": "2h",
+        "TUNEHUB_K8S_IMAGE_PULL_SECRETS": json.dumps([{"name": "reg"}]),
+    })
+    assert s.namespace == "ml" and s.gpu_types == (GpuType("t4", "Tesla-T4", 1, None),)
+    assert s.priority_classes["low"] == "cheap" and s.priority_classes["high"] == (
+        "tunehub-sweep-high")
+    assert s.max_gpus_per_user == 4 and s.default_timeout == 7200
+    assert s.image_pull_secrets == ("reg",) and s.queue == "q"
+    with pytest.raises(SpecError, match="TUNEHUB_K8S_MAX_GPUS_PER_USER"):
+        KubeSettings.from_env({"TUNEHUB_K8S_MAX_GPUS_PER_USER": "many"})
+    with pytest.raises(SpecError, match=r"TUNEHUB_K8S_GPU_TYPES\[0\]"):
+        KubeSettings.from_env({"TUNEHUB_K8S_GPU_TYPES": '[{"name": "x"}]'})
+
+
+# --- against the emulated cluster ----------------------------------------------------------
+
+@pytest.fixture
+def kube_env(kube: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> KubeCluster:
+    """The environment a tuner gets from the chart, pointed at the emulated cluster."""
+    data = kube.data_dir
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    monkeypatch.setenv("TUNEHUB_DATA", str(data))
+    monkeypatch.setenv("TUNEHUB_HOME", str(data / ".tunehub"))
+    monkeypatch.setenv("TUNEHUB_K8S_GPU_TYPES", json.dumps(GPU_TYPES))
+    monkeypatch.setenv("TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT", "0")
+    for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
+        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                     "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
+    return kube
+
+
+class Events:
+    """The backend's events, awaited with a deadline."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[TrialEvent] = asyncio.Queue()
+        self.seen: list[TrialEvent] = []
+
+    def __call__(self, event: TrialEvent) -> None:
+        self.seen.append(event)
+        self.queue.put_nowait(event)
+
+    async def final(self, trial: int, timeout: float = 60) -> TrialEvent:
+        async def next_final() -> TrialEvent:
+            while True:
+                ev = await self.queue.get()
+                if ev.trial_id == trial and ev.kind != "started":
+                    return ev
+        return await asyncio.wait_for(next_final(), timeout)
+
+
+@pytest.fixture
+async def backend(kube_env: KubeCluster) -> AsyncIterator[tuple[KubernetesBackend, Events]]:
+    be = KubernetesBackend.from_env()
+    events = Events()
+    be.subscribe(events)
+    await be.start()
+    try:
+        yield be, events
+    finally:
+        await be.close()
+
+
+def kube_launch(kube: KubeCluster, trial: int, script: str, **kw: object) -> TrialLaunch:
+    kw.setdefault("command", f"python -c {json.dumps(script)}")
+    la = launch(kube.data_dir, trial=trial, **kw)
+    la.workdir.mkdir(parents=True, exist_ok=True)
+    return la
+
+
+async def test_trial_job_runs_and_succeeds(
+        backend: tuple[KubernetesBackend, Events], kube_env: KubeCluster) -> None:
+    be, events = backend
+    script = ("import os; print('token', os.environ['TUNEHUB_TRIAL_TOKEN'], 'cwd', os.getcwd());"
+              "open('artifact.txt', 'w').write('ok')")
+    la = kube_launch(kube_env, 1, script)
+    await be.launch(la)
+    done = await events.final(1)
+    assert done.kind == "succeeded" and done.attempt == 1, done
+    assert "started" in [e.kind for e in events.seen]
+    log = la.log_path.read_text()
+    assert f"token s3cret cwd {la.workdir}" in log  # the Secret reached the env, once
+    assert (la.workdir / "artifact.txt").read_text() == "ok"
+    job = kube_env.get("jobs", "tunehub-s3-t1-a1")
+    assert job is not None and job["spec"]["backoffLimit"] == 0
+    secret = kube_env.get("secrets", "tunehub-s3-t1-a1-token")
+    assert secret is not None and secret["metadata"]["ownerReferences"][0]["name"] == (
+        "tunehub-s3-t1-a1")
+    counts = kube_env.counters.snapshot()
+    assert kube_env.counters.writes() == 2, counts  # the Job and its Secret, nothing else
+    assert counts[("create", "jobs")] == counts[("create", "secrets")] == 1
+    await be.cleanup(3)
+    await eventually(_gone(kube_env, "jobs", "tunehub-s3-t1-a1"), 30, "the Job to be deleted")
+
+
+def _gone(kube: KubeCluster, plural: str, name: str):  # noqa: ANN202
+    async def check() -> bool:
+        return kube.get(plural, name) is None
+    return check
+
+
+async def test_failure_reasons_are_readable(
+        backend: tuple[KubernetesBackend, Events], kube_env: KubeCluster) -> None:
+    be, events = backend
+    await be.launch(kube_launch(kube_env, 1, "import sys; print('boom'); sys.exit(3)"))
+    failed = await events.final(1)
+    assert failed.kind == "failed" and "exited with code 3" in failed.reason, failed
+
+    oom = "x = bytearray(300 * 2**20); import time; time.sleep(30)"
+    await be.launch(kube_launch(kube_env, 2, oom, resources=Resources(memory="64Mi")))
+    failed = await events.final(2)
+    assert failed.kind == "failed" and failed.reason.startswith("OOMKilled"), failed
+    assert "64Mi" in failed.reason
+
+    kube_env.runtime.missing_images.add("tunehub/trial:0.1.0")
+    await be.launch(kube_launch(kube_env, 3, "print(1)"))
+    failed = await events.final(3)
+    assert "image pull failed" in failed.reason and "tunehub/trial:0.1.0" in failed.reason
+    await eventually(_gone(kube_env, "jobs", "tunehub-s3-t3-a1"), 30, "the Job to be deleted")
+    kube_env.runtime.missing_images.clear()
+
+    await be.launch(kube_launch(kube_env, 4, "print(1)", resources=Resources(
+        gpu=2, gpu_type="t4", cpu=1000)))
+    failed = await events.final(4)
+    assert failed.reason.startswith("unschedulable: 0/3 nodes are available"), failed
+
+    await be.launch(kube_launch(kube_env, 5, "import time; time.sleep(60)", timeout=1.0))
+    failed = await events.final(5)
+    assert "timed out after 1s" in failed.reason and "DeadlineExceeded" in failed.reason
+
+
+async def test_cancel_deletes_the_job_and_its_pods(
+        backend: tuple[KubernetesBackend, Events], kube_env: KubeCluster) -> None:
+    be, events = backend
+    await be.launch(kube_launch(kube_env, 1, "import time; time.sleep(120)"))
+
+    async def running() -> bool:
+        pods = kube_env.objects("pods", label_selector=f"{m.TRIAL_LABEL}=1")
+        return bool(pods) and pods[0]["status"].get("phase") == "Running"
+
+    await eventually(running, 30, "the trial pod to run")
+    await be.cancel(1, 1)
+    failed = await events.final(1)
+    assert failed.kind == "failed" and failed.reason == "cancelled"
+
+    async def all_gone() -> bool:
+        return not kube_env.objects("jobs") and not kube_env.objects(
+            "pods", label_selector=f"{m.TRIAL_LABEL}=1")
+
+    await eventually(all_gone, 30, "the Job and its pods to be deleted")
+    assert kube_env.counters.writes(resource="jobs") == 2  # create, delete
+
+
+async def test_reconcile_adopts_a_running_job_and_never_duplicates(
+        kube_env: KubeCluster) -> None:
+    first = KubernetesBackend.from_env()
+    await first.start()
+    marker = kube_env.data_dir / "go"
+    la = kube_launch(kube_env, 1, "", command="python wait.py")
+    (la.workdir / "wait.py").write_text(
+        f"import os, time\nwhile not os.path.exists({str(marker)!r}):\n    time.sleep(0.1)\n"
+        "print('adopted run done')\n")
+    stale = kube_launch(kube_env, 2, "import time; time.sleep(120)")
+    await first.launch(la)
+    await first.launch(stale)
+    await first.close()  # the tuner dies; its Jobs keep running
+
+    second = KubernetesBackend.from_env()
+    events = Events()
+    second.subscribe(events)
+    await second.start()
+    try:
+        # Trial 2's controller already moved on to attempt 2: attempt 1 is not adopted.
+        adopted = await second.reconcile(3, [la, TrialLaunch(**{
+            **stale.__dict__, "attempt": 2})])
+        assert adopted == {(1, 1)}
+        await eventually(_gone(kube_env, "jobs", "tunehub-s3-t2-a1"), 30,
+                         "the unadopted Job to be deleted")
+        await second.launch(la)  # a retried create of the same attempt: 409, adopted
+        assert len(kube_env.objects("jobs", label_selector=f"{m.TRIAL_LABEL}=1")) == 1
+        marker.write_text("")
+        done = await events.final(1)
+        assert done.kind == "succeeded" and done.attempt == 1
+        assert "adopted run done" in la.log_path.read_text()
+        pods = kube_env.objects("pods", label_selector=f"{m.TRIAL_LABEL}=1")
+        assert len(pods) == 1  # it ran once
+    finally:
+        await second.close()
+
+
+def spec(**resources: object) -> SweepSpec:
+    return SweepSpec.from_dict({
+        "name": "k", "command": "python train.py", "metric": "score",
+        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+        "resources": resources or {"cpu": 1}})
+
+
+def test_check_refuses_what_cannot_run(kube_env: KubeCluster,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    be = KubernetesBackend.from_env()
+    be.check(spec(gpu=2, gpu_type="a100"))
+    be.check(spec(gpu=4))
+    with pytest.raises(SpecError, match="no node has more than 4") as err:
+        be.check(spec(gpu=5))
+    assert err.value.field == "resources.gpu"
+    with pytest.raises(SpecError, match="no a100 node has more than 2"):
+        be.check(spec(gpu=3, gpu_type="a100"))
+    with pytest.raises(SpecError, match="unknown GPU type 'h100'.*t4, a100") as err:
+        be.check(spec(gpu=1, gpu_type="h100"))
+    assert err.value.field == "resources.gpu_type"
+    monkeypatch.setenv("TUNEHUB_K8S_PRIORITY_CLASSES", json.dumps({"normal": "missing"}))
+    with pytest.raises(SpecError, match="PriorityClass 'missing'") as err:
+        KubernetesBackend.from_env().check(spec(cpu=1))
+    assert err.value.field == "priority"
+    assert kube_env.objects("jobs") == [] and kube_env.objects("secrets") == []

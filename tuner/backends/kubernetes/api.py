@@ -1,0 +1,188 @@
+"""A thin layer over kubernetes-asyncio that speaks the API's JSON (plain dicts), so the
+manifests and status rules stay plain data, and that turns API errors into one readable line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from tuner.backends.kubernetes.settings import KubeSettings
+
+WATCH_SECONDS = 300  # server-side timeout of one watch request; the watch then resumes
+
+
+def api_message(exc: ApiException) -> str:
+    """The API server's ``Status.message`` (e.g. the 422 field errors), else the HTTP reason."""
+    try:
+        body = json.loads(exc.body or "{}")
+        if isinstance(body, dict) and body.get("message"):
+            return str(body["message"])
+    except (TypeError, ValueError):
+        pass
+    return f"{exc.status} {exc.reason}".strip()
+
+
+async def connect(settings: KubeSettings) -> client.ApiClient:
+    """The kubeconfig (``KUBECONFIG`` or ``~/.kube/config``) when there is one, else the
+    in-cluster service account."""
+    cfg = client.Configuration()
+    kubeconfig = settings.kubeconfig or str(Path.home() / ".kube" / "config")
+    if settings.kubeconfig or Path(kubeconfig).exists():
+        await config.load_kube_config(
+            config_file=kubeconfig, context=settings.context, client_configuration=cfg
+        )
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    api = client.ApiClient(cfg)
+    api.user_agent = "tunehub-tuner"
+    return api
+
+
+class Kube:
+    """The calls the backend makes, in one namespace, returning the API's JSON."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api = api
+        self.ns = namespace
+        self.batch = client.BatchV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.scheduling = client.SchedulingV1Api(api)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    @staticmethod
+    async def _json(call: Any) -> dict[str, Any]:
+        """Run a ``_preload_content=False`` call: the JSON body, or :class:`ApiException`
+        for an error status (the client only raises by itself when it parses the body)."""
+        resp = await call
+        try:
+            body = await resp.read()
+        finally:
+            resp.release()
+        if resp.status >= 400:
+            exc = ApiException(status=resp.status, reason=resp.reason)
+            exc.body = body.decode(errors="replace")
+            raise exc
+        return dict(json.loads(body))
+
+    # --- Jobs and their dependents ------------------------------------------------------
+
+    async def create(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"_preload_content": False}
+        if dry_run:
+            kwargs["dry_run"] = "All"
+        kind = obj["kind"]
+        if kind == "Job":
+            return await self._json(self.batch.create_namespaced_job(self.ns, obj, **kwargs))
+        if kind == "Secret":
+            return await self._json(self.core.create_namespaced_secret(self.ns, obj, **kwargs))
+        if kind == "Service":
+            return await self._json(self.core.create_namespaced_service(self.ns, obj, **kwargs))
+        raise ValueError(f"unsupported kind {kind}")
+
+    async def patch_secret(self, name: str, patch: dict[str, Any]) -> None:
+        await self._json(
+            self.core.patch_namespaced_secret(name, self.ns, patch, _preload_content=False)
+        )
+
+    async def get_job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._json(
+                self.batch.read_namespaced_job(name, self.ns, _preload_content=False)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def delete_job(self, name: str) -> bool:
+        """Delete with Background propagation (pods, Secret, Service follow); False if gone."""
+        try:
+            await self._json(
+                self.batch.delete_namespaced_job(
+                    name, self.ns, propagation_policy="Background", _preload_content=False
+                )
+            )
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    async def list(self, kind: str, selector: str) -> dict[str, Any]:
+        if kind == "jobs":
+            call = self.batch.list_namespaced_job
+        else:
+            call = self.core.list_namespaced_pod
+        return await self._json(call(self.ns, label_selector=selector, _preload_content=False))
+
+    async def watch(
+        self, kind: str, selector: str, resource_version: str
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """One watch request from ``resource_version``; ends after :data:`WATCH_SECONDS`.
+        A 410 Gone (history compacted) raises :class:`ApiException` for the caller to re-list.
+        """
+        call = self.batch.list_namespaced_job if kind == "jobs" else self.core.list_namespaced_pod
+        w = watch.Watch()
+        try:
+            async for event in w.stream(
+                call,
+                self.ns,
+                label_selector=selector,
+                resource_version=resource_version,
+                timeout_seconds=WATCH_SECONDS,
+            ):
+                yield event["type"], event["raw_object"]
+        finally:
+            await w.close()
+
+    async def pod_log(self, name: str) -> str | None:
+        try:
+            return str(await self.core.read_namespaced_pod_log(name, self.ns))
+        except ApiException:
+            return None
+
+    # --- what check() reads -------------------------------------------------------------
+
+    async def node_gpus(self) -> list[tuple[str, int]] | None:
+        """``(gpu product label, allocatable nvidia.com/gpu)`` per node; None if the tuner
+        may not list Nodes (a namespaced Role)."""
+        try:
+            nodes = await self._json(self.core.list_node(_preload_content=False))
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                return None
+            raise
+        out = []
+        for node in nodes.get("items") or []:
+            status = node.get("status") or {}
+            alloc = (status.get("allocatable") or status.get("capacity") or {}).get(
+                "nvidia.com/gpu", "0"
+            )
+            product = (node.get("metadata") or {}).get("labels", {}).get(
+                "nvidia.com/gpu.product", ""
+            )
+            try:
+                out.append((product, int(str(alloc))))
+            except ValueError:
+                out.append((product, 0))
+        return out
+
+    async def priority_class_exists(self, name: str) -> bool | None:
+        """None when the tuner may not read PriorityClasses."""
+        try:
+            await self._json(self.scheduling.read_priority_class(name, _preload_content=False))
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            if exc.status in (401, 403):
+                return None
+            raise

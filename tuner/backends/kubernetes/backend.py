@@ -1,0 +1,470 @@
+"""Trials as Kubernetes Jobs: one ``batch/v1`` Job per attempt, watched, never polled.
+
+Two watches (Jobs and pods labelled ``app.kubernetes.io/managed-by=tunehub`` in the namespace)
+feed every attempt's events, so the API load per trial is constant: create the Job and its
+token Secret, read the log once at the end, delete the Job when cancelled or at cleanup.
+
+Restart safety: Job names are deterministic, so a second create of the same attempt is a
+409 that adopts the existing Job; :meth:`reconcile` adopts running Jobs of a sweep by label and
+deletes the rest; and one trial never runs two attempts at once (launching attempt N+1 stops
+any attempt of that trial still alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from tuner.backends._base import Backend, EventKind, TrialEvent, TrialLaunch
+from tuner.backends.kubernetes import manifests as m
+from tuner.backends.kubernetes.api import Kube, api_message, connect
+from tuner.backends.kubernetes.settings import KubeSettings
+from tuner.backends.kubernetes.status import job_outcome, job_started, pod_failure, pod_problem
+from tuner.settings import load_settings
+from tuner.spec import Resources, SpecError, SweepSpec
+from tuner.trial import ENV_TOKEN
+
+log = logging.getLogger("tunehub.backends.kubernetes")
+
+START_TIMEOUT = 60.0
+RETRY_SECONDS = 2.0  # back-off before re-listing after a failed watch
+
+
+@dataclass
+class _Attempt:
+    launch: TrialLaunch
+    job: str
+    gpus: int
+    started: bool = False
+    done: bool = False
+    stop_reason: str | None = None
+    pod_reason: str | None = None
+    pods: set[str] = field(default_factory=set)
+    unschedulable: asyncio.TimerHandle | None = None
+
+
+class KubernetesBackend(Backend):
+    """Runs attempts as Jobs in one namespace; see :mod:`.settings` for the configuration."""
+
+    name = "kubernetes"
+
+    def __init__(self, settings: KubeSettings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.kube: Kube | None = None
+        self._attempts: dict[str, _Attempt] = {}  # by Job name
+        self._by_key: dict[tuple[int, int], str] = {}
+        self._held: dict[str, deque[TrialLaunch]] = {}  # over the per-user cap, by owner
+        self._watches: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ready: dict[str, asyncio.Event] = {}
+
+    @classmethod
+    def from_env(cls) -> KubernetesBackend:
+        """Settings from ``TUNEHUB_K8S_*`` / ``KUBECONFIG``; connects only in :meth:`start`."""
+        return cls(KubeSettings.from_env())
+
+    # --- submission checks ---------------------------------------------------------------
+
+    def check(self, spec: SweepSpec) -> None:
+        """Refuse what can never run: too many GPUs for any node, an unknown GPU type, a
+        missing PriorityClass, a manifest the API server rejects (dry run: nothing stays)."""
+        s = self.settings
+        res = spec.resources
+        if spec.priority not in s.priority_classes:
+            raise SpecError("priority", f"no PriorityClass configured for {spec.priority!r}")
+        home = load_settings().sweeps_dir
+        try:
+            m._relative_to_data(s, home)
+        except ValueError as exc:
+            raise SpecError("backend", str(exc)) from None
+        want = res.gpu * res.workers
+        if s.max_gpus_per_user and want > s.max_gpus_per_user:
+            raise SpecError(
+                "resources.gpu",
+                f"a trial needs {want} GPU(s) but each user may hold at most "
+                f"{s.max_gpus_per_user} (TUNEHUB_K8S_MAX_GPUS_PER_USER)",
+            )
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, self._check_cluster(spec)).result()
+
+    async def _check_cluster(self, spec: SweepSpec) -> None:
+        s, res = self.settings, spec.resources
+        kube = Kube(await connect(s), s.namespace)
+        try:
+            nodes = await kube.node_gpus()
+            gpu = s.gpu_type(res.gpu_type) if res.gpu_type else None
+            if res.gpu_type and gpu is None:
+                known = {p for p, _ in nodes or [] if p}
+                if res.gpu_type not in known:
+                    offered = ", ".join(g.name for g in s.gpu_types) or ", ".join(sorted(known))
+                    raise SpecError(
+                        "resources.gpu_type",
+                        f"unknown GPU type {res.gpu_type!r}; this cluster offers: "
+                        f"{offered or 'no GPUs'}",
+                    )
+            product = gpu.product if gpu else res.gpu_type
+            if res.gpu:
+                if nodes is not None:
+                    per_node = [n for p, n in nodes if product is None or p == product]
+                    source = "allocatable nvidia.com/gpu of the cluster's nodes"
+                else:
+                    types = [gpu] if gpu else list(s.gpu_types)
+                    per_node = [g.max_per_node or 0 for g in types]
+                    source = "maxPerNode in TUNEHUB_K8S_GPU_TYPES"
+                most = max(per_node, default=0)
+                if res.gpu > most:
+                    what = f"{res.gpu_type} " if res.gpu_type else ""
+                    raise SpecError(
+                        "resources.gpu",
+                        f"{res.gpu} GPU(s) per worker requested but no {what}node has more "
+                        f"than {most} ({source})",
+                    )
+            pclass = s.priority_classes[spec.priority]
+            if await kube.priority_class_exists(pclass) is False:
+                raise SpecError(
+                    "priority",
+                    f"PriorityClass {pclass!r} for priority {spec.priority} does not exist in "
+                    "the cluster (install the chart's priority classes or set "
+                    "TUNEHUB_K8S_PRIORITY_CLASSES)",
+                )
+            await self._dry_run(kube, spec)
+        finally:
+            await kube.close()
+
+    async def _dry_run(self, kube: Kube, spec: SweepSpec) -> None:
+        """The API server's own validation and admission of a trial Job, stored nowhere."""
+        probe = TrialLaunch(
+            sweep_id=0, trial_id=0, number=0, attempt=1, command=spec.command,
+            workdir=self.settings.data_path / ".tunehub-check", env=dict(spec.env),
+            resources=spec.resources, timeout=spec.trial_timeout, log_path=Path(),
+            priority=spec.priority,
+        )
+        try:
+            await kube.create(m.job(self.settings, probe), dry_run=True)
+        except ApiException as exc:
+            message = api_message(exc)
+            raise SpecError("spec", f"the cluster refuses the trial Job: {message}") from None
+
+    # --- capacity ------------------------------------------------------------------------
+
+    def _usage(self, owner: str) -> tuple[int, int]:
+        live = [a for a in self._attempts.values() if not a.done and a.launch.owner == owner]
+        return sum(a.gpus for a in live), len(live)
+
+    def can_launch(self, resources: Resources, owner: str | None = None) -> bool:
+        """Within the per-user caps (when the caller names the owner); the cluster's own
+        capacity is the scheduler's (or Kueue's) business: pending Jobs wait there."""
+        if owner is None:
+            return True
+        return self._within_caps(owner, resources)
+
+    def _within_caps(self, owner: str, res: Resources) -> bool:
+        s = self.settings
+        gpus, trials = self._usage(owner)
+        if s.max_trials_per_user and trials + 1 > s.max_trials_per_user:
+            return False
+        want = res.gpu * res.workers
+        return not (want and s.max_gpus_per_user and gpus + want > s.max_gpus_per_user)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.kube is not None:
+            return
+        self.kube = Kube(await connect(self.settings), self.settings.namespace)
+        loop = asyncio.get_running_loop()
+        for kind in ("jobs", "pods"):
+            self._ready[kind] = asyncio.Event()
+            self._watches.append(loop.create_task(self._watch(kind), name=f"k8s-watch-{kind}"))
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(e.wait() for e in self._ready.values())), START_TIMEOUT
+            )
+        except asyncio.TimeoutError:
+            await self.close()
+            raise RuntimeError(
+                f"cannot list Jobs/pods in namespace {self.settings.namespace!r} of the "
+                f"Kubernetes API within {START_TIMEOUT:g}s (see the log)"
+            ) from None
+
+    async def close(self) -> None:
+        for task in self._watches:
+            task.cancel()
+        await asyncio.gather(*self._watches, *self._tasks, return_exceptions=True)
+        self._watches.clear()
+        for att in self._attempts.values():
+            if att.unschedulable is not None:
+                att.unschedulable.cancel()
+        if self.kube is not None:
+            await self.kube.close()
+            self.kube = None
+
+    def _api(self) -> Kube:
+        if self.kube is None:
+            raise RuntimeError("KubernetesBackend.start() was not called")
+        return self.kube
+
+    # --- launching -----------------------------------------------------------------------
+
+    async def launch(self, launch: TrialLaunch) -> None:
+        # One attempt per trial at a time, whatever the caller believes.
+        for key, name in list(self._by_key.items()):
+            if key[0] == launch.trial_id and key[1] != launch.attempt:
+                await self._stop(self._attempts[name], f"superseded by attempt {launch.attempt}")
+        if not self._within_caps(launch.owner, launch.resources):
+            self._held.setdefault(launch.owner, deque()).append(launch)
+            return
+        await self._create(launch)
+
+    async def _create(self, launch: TrialLaunch) -> None:
+        kube = self._api()
+        try:
+            body = m.job(self.settings, launch)
+        except ValueError as exc:
+            await self._emit(launch, "failed", str(exc))
+            return
+        name = body["metadata"]["name"]
+        att = _Attempt(launch, name, launch.resources.gpu * launch.resources.workers)
+        self._attempts[name] = att
+        self._by_key[launch.key] = name
+        adopted = False
+        try:
+            job = await kube.create(body)
+        except ApiException as exc:
+            existing = await kube.get_job(name) if exc.status == 409 else None
+            if existing is None:
+                self._forget(att)
+                await self._emit(
+                    launch, "failed", f"the cluster refused the Job: {api_message(exc)}"
+                )
+                return
+            job, adopted = existing, True  # created before a restart: adopt, never twice
+        try:
+            token = launch.env.get(ENV_TOKEN, "")
+            secret = m.token_secret(self.settings, launch, token, job)
+            try:
+                await kube.create(secret)
+            except ApiException as exc:
+                if exc.status != 409 or not adopted:
+                    raise
+                await kube.patch_secret(secret["metadata"]["name"], {"stringData": secret[
+                    "stringData"]})
+            if launch.resources.workers > 1:
+                try:
+                    await kube.create(m.worker_service(self.settings, launch, job))
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
+        except ApiException as exc:
+            await self._stop(att, f"could not create the trial's objects: {api_message(exc)}")
+            return
+        await self._on_job(job)
+
+    # --- stopping ------------------------------------------------------------------------
+
+    async def cancel(self, trial_id: int, attempt: int) -> None:
+        name = self._by_key.get((trial_id, attempt))
+        if name is not None:
+            await self._stop(self._attempts[name], "cancelled")
+            return
+        for held in self._held.values():
+            for launch in list(held):
+                if launch.key == (trial_id, attempt):
+                    held.remove(launch)
+                    await self._emit(launch, "failed", "cancelled")
+                    return
+
+    async def _stop(self, att: _Attempt, reason: str) -> None:
+        """Delete the Job (its pods, Secret and Service follow) and fail the attempt now."""
+        if att.done:
+            return
+        att.stop_reason = reason
+        try:
+            await self._api().delete_job(att.job)
+        except ApiException as exc:
+            log.warning("deleting Job %s: %s", att.job, api_message(exc))
+        await self._finish(att, "failed", reason)
+
+    async def _finish(self, att: _Attempt, kind: EventKind, reason: str = "") -> None:
+        if att.done:
+            return
+        att.done = True
+        if att.unschedulable is not None:
+            att.unschedulable.cancel()
+        if kind == "succeeded" or att.stop_reason is None:
+            await self._save_log(att)
+        self._forget(att)
+        await self._emit(att.launch, kind, reason)
+        await self._release_held(att.launch.owner)
+
+    def _forget(self, att: _Attempt) -> None:
+        self._attempts.pop(att.job, None)
+        if self._by_key.get(att.launch.key) == att.job:
+            del self._by_key[att.launch.key]
+
+    async def _emit(self, launch: TrialLaunch, kind: EventKind, reason: str = "") -> None:
+        code = 0 if kind == "succeeded" else None
+        await self.emit(TrialEvent(launch.trial_id, launch.attempt, kind, code, reason))
+
+    async def _release_held(self, owner: str) -> None:
+        held = self._held.get(owner)
+        while held and self._within_caps(owner, held[0].resources):
+            await self._create(held.popleft())
+
+    async def _save_log(self, att: _Attempt) -> None:
+        """The pods' output, once, into the trial's log file."""
+        kube = self._api()
+        pods = att.pods
+        if not pods:
+            listed = await kube.list("pods", f"batch.kubernetes.io/job-name={att.job}")
+            pods = {p["metadata"]["name"] for p in listed.get("items") or []}
+        path = att.launch.log_path
+        if not pods or not str(path) or path == Path():
+            return
+        chunks = []
+        for pod in sorted(pods):
+            text = await kube.pod_log(pod)
+            if text:
+                chunks.append(f"--- pod {pod} ---\n{text}" if len(pods) > 1 else text)
+        if chunks:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as fh:
+                fh.write("".join(c if c.endswith("\n") else c + "\n" for c in chunks))
+
+    # --- watching ------------------------------------------------------------------------
+
+    async def _watch(self, kind: str) -> None:
+        """List, then watch from the list's resourceVersion; re-list after 410 Gone."""
+        kube = self._api()
+        handler = self._on_job if kind == "jobs" else self._on_pod
+        while True:
+            try:
+                listed = await kube.list(kind, m.SELECTOR)
+                version = listed["metadata"]["resourceVersion"]
+                for obj in listed.get("items") or []:
+                    await self._safely(handler, obj)
+                self._ready[kind].set()
+                while True:
+                    async for etype, obj in kube.watch(kind, m.SELECTOR, version):
+                        version = obj.get("metadata", {}).get("resourceVersion", version)
+                        await self._safely(handler, obj, etype == "DELETED")
+            except asyncio.CancelledError:
+                raise
+            except ApiException as exc:
+                if exc.status != 410:
+                    log.warning("watch of %s failed: %s", kind, api_message(exc))
+                    await asyncio.sleep(RETRY_SECONDS)
+            except Exception:  # keep watching whatever one event did
+                log.exception("watch of %s failed", kind)
+                await asyncio.sleep(RETRY_SECONDS)
+
+    async def _safely(self, handler: Any, obj: dict[str, Any], deleted: bool = False) -> None:
+        try:
+            await handler(obj, deleted)
+        except Exception:
+            log.exception("handling %s", obj.get("metadata", {}).get("name"))
+
+    async def _on_job(self, job: dict[str, Any], deleted: bool = False) -> None:
+        att = self._attempts.get(job["metadata"]["name"])
+        if att is None or att.done:
+            return
+        outcome = job_outcome(job)
+        if outcome is not None:
+            kind, reason = outcome
+            if kind == "failed" and "DeadlineExceeded" not in reason:
+                reason = att.pod_reason or await self._pod_reason(att) or reason
+            await self._finish(att, kind, reason)
+        elif deleted:
+            await self._finish(att, "failed", att.stop_reason or "its Job was deleted")
+        elif job_started(job) and not att.started:
+            att.started = True
+            await self._emit(att.launch, "started")
+
+    async def _pod_reason(self, att: _Attempt) -> str | None:
+        """The Job failed before the pod watch told us why: read its pods once."""
+        listed = await self._api().list("pods", f"batch.kubernetes.io/job-name={att.job}")
+        for pod in listed.get("items") or []:
+            att.pods.add(pod["metadata"]["name"])
+            reason = pod_failure(pod)
+            if reason:
+                return reason
+        return None
+
+    async def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
+        labels = pod["metadata"].get("labels") or {}
+        job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+        att = self._attempts.get(job or "")
+        if att is None or att.done:
+            return
+        att.pods.add(pod["metadata"]["name"])
+        failure = pod_failure(pod)
+        if failure:
+            att.pod_reason = failure
+        problem = None if deleted else pod_problem(pod)
+        if problem is None:
+            if att.unschedulable is not None:
+                att.unschedulable.cancel()
+                att.unschedulable = None
+            return
+        if problem.kind == "fatal" or self.settings.unschedulable_timeout <= 0:
+            await self._stop(att, problem.reason)
+        elif att.unschedulable is None:
+            att.unschedulable = asyncio.get_running_loop().call_later(
+                self.settings.unschedulable_timeout, self._unschedulable_expired, att,
+                f"{problem.reason} (waited {self.settings.unschedulable_timeout:g}s)",
+            )
+
+    def _unschedulable_expired(self, att: _Attempt, reason: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._stop(att, reason))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- restart and cleanup -------------------------------------------------------------
+
+    async def _sweep_jobs(self, sweep_id: int) -> list[dict[str, Any]]:
+        listed = await self._api().list("jobs", f"{m.SELECTOR},{m.SWEEP_LABEL}={sweep_id}")
+        return list(listed.get("items") or [])
+
+    async def reconcile(self, sweep_id: int, running: list[TrialLaunch]) -> set[tuple[int, int]]:
+        """Adopt the unfinished Jobs of ``running`` attempts; delete every other Job of the
+        sweep (older attempts, finished ones) so nothing runs beside a relaunch."""
+        wanted = {m.job_name(sweep_id, r.trial_id, r.attempt): r for r in running}
+        adopted: set[tuple[int, int]] = set()
+        for job in await self._sweep_jobs(sweep_id):
+            name = job["metadata"]["name"]
+            launch = wanted.get(name)
+            if launch is not None and job_outcome(job) is None and not job["metadata"].get(
+                "deletionTimestamp"
+            ):
+                annotations = job["metadata"].get("annotations") or {}
+                launch = replace(launch, owner=annotations.get(m.OWNER_ANNOTATION, ""))
+                if not str(launch.log_path) or launch.log_path == Path():
+                    launch = replace(launch, log_path=Path(annotations.get(m.LOG_ANNOTATION, "")))
+                att = self._attempts.get(name) or _Attempt(
+                    launch, name, int(annotations.get(m.GPUS_ANNOTATION, "0") or 0)
+                )
+                self._attempts[name] = att
+                self._by_key[launch.key] = name
+                adopted.add(launch.key)
+                await self._on_job(job)
+            else:
+                await self._api().delete_job(name)
+        return adopted
+
+    async def cleanup(self, sweep_id: int) -> None:
+        """Delete the sweep's Jobs (their pods, Secrets and Services go with them)."""
+        for job in await self._sweep_jobs(sweep_id):
+            name = job["metadata"]["name"]
+            att = self._attempts.get(name)
+            if att is not None and not att.done:
+                continue  # still reported on by a controller
+            if not job["metadata"].get("deletionTimestamp"):
+                await self._api().delete_job(name)

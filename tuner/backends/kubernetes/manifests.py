@@ -1,0 +1,277 @@
+"""The Kubernetes objects of one trial attempt, as plain dicts: a ``batch/v1`` Job, the Secret
+holding the trial's token, and (multi-worker trials) a headless Service.
+
+Pure functions of the settings and the launch, so they are tested directly against the
+Kubernetes OpenAPI schema. Names are deterministic (``tunehub-s<sweep>-t<trial>-a<attempt>``):
+creating an attempt twice hits 409 AlreadyExists instead of running it twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+from tuner.backends._base import TrialLaunch
+from tuner.backends.kubernetes.settings import KubeSettings
+from tuner.spec import Resources
+from tuner.trial import ENV_TOKEN
+
+MANAGED_BY = "tunehub"
+SWEEP_LABEL = "tunehub.io/sweep"
+TRIAL_LABEL = "tunehub.io/trial"
+ATTEMPT_LABEL = "tunehub.io/attempt"
+OWNER_ANNOTATION = "tunehub.io/owner"
+GPUS_ANNOTATION = "tunehub.io/gpus"
+LOG_ANNOTATION = "tunehub.io/log-path"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+TF_PORT = 2222
+SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+
+
+def job_name(sweep_id: int, trial_id: int, attempt: int) -> str:
+    return f"tunehub-s{sweep_id}-t{trial_id}-a{attempt}"
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-token"
+
+
+def labels(settings: KubeSettings, launch: TrialLaunch) -> dict[str, str]:
+    """The recommended ``app.kubernetes.io/*`` labels plus what finds the attempt again."""
+    return {
+        "app.kubernetes.io/name": "tunehub",
+        "app.kubernetes.io/instance": settings.instance,
+        "app.kubernetes.io/component": "trial",
+        "app.kubernetes.io/part-of": "tunehub",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        SWEEP_LABEL: str(launch.sweep_id),
+        TRIAL_LABEL: str(launch.trial_id),
+        ATTEMPT_LABEL: str(launch.attempt),
+    }
+
+
+def cpu_quantity(cpu: float) -> str:
+    """``1.0`` -> ``"1"``, ``0.5`` -> ``"500m"`` (the API's canonical forms)."""
+    if float(cpu).is_integer():
+        return str(int(cpu))
+    return f"{max(1, math.ceil(cpu * 1000))}m"
+
+
+def node_affinity(settings: KubeSettings, res: Resources, priority: str) -> dict[str, Any] | None:
+    """GPU trials without a GPU type: ``low`` priority prefers older types (leaving the newest
+    to others), ``high`` prefers the newest; ``normal`` takes whatever is free."""
+    if res.gpu == 0 or res.gpu_type or priority == "normal" or len(settings.gpu_types) < 2:
+        return None
+    by_age = sorted(settings.gpu_types, key=lambda g: g.generation)  # oldest first
+    if priority == "high":
+        by_age.reverse()
+    step = 100 // len(by_age)
+    terms = [
+        {
+            "weight": max(1, 100 - i * step),
+            "preference": {
+                "matchExpressions": [
+                    {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [gpu.product]}
+                ]
+            },
+        }
+        for i, gpu in enumerate(by_age)
+    ]
+    return {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
+
+
+def tf_config_command(job: str, workers: int, command: str) -> str:
+    """A shell line that sets ``TF_CONFIG`` for this worker's index (``JOB_COMPLETION_INDEX``
+    of the Indexed Job) and then runs the trial's command."""
+    hosts = [f"{job}-{i}.{job}:{TF_PORT}" for i in range(workers)]
+    cluster = json.dumps({"worker": hosts}, separators=(",", ":"))
+    prefix = '{"cluster":' + cluster + ',"task":{"type":"worker","index":'
+    return (
+        f"TF_CONFIG={shlex.quote(prefix)}\"$JOB_COMPLETION_INDEX\"'}}}}'; "
+        f"export TF_CONFIG; {command}"
+    )
+
+
+def _relative_to_data(settings: KubeSettings, path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(settings.data_path))
+    except ValueError:
+        raise ValueError(
+            f"{path} is outside the data store {settings.data_path}: the kubernetes backend "
+            "needs TUNEHUB_HOME inside TUNEHUB_DATA so trial pods see their working directory"
+        ) from None
+
+
+def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
+    """The Job of one attempt. ``backoffLimit: 0``: retries belong to the controller."""
+    name = job_name(launch.sweep_id, launch.trial_id, launch.attempt)
+    res = launch.resources
+    meta_labels = labels(settings, launch)
+    if settings.queue:
+        meta_labels[QUEUE_LABEL] = settings.queue
+    pod_labels = {**meta_labels, **settings.pod_labels}
+    pod_labels.pop(QUEUE_LABEL, None)
+    workdir_rel = _relative_to_data(settings, launch.workdir)
+    env = [
+        {"name": k, "value": v} for k, v in sorted(launch.env.items()) if k != ENV_TOKEN
+    ]
+    env += [
+        {
+            "name": ENV_TOKEN,
+            "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": "token"}},
+        },
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "HOME", "value": str(launch.workdir)},
+    ]
+    limits: dict[str, Any] = {"cpu": cpu_quantity(res.cpu), "memory": res.memory}
+    if res.gpu:
+        limits[GPU_RESOURCE] = str(res.gpu)
+    command = launch.command
+    if res.workers > 1:
+        command = tf_config_command(name, res.workers, command)
+    container: dict[str, Any] = {
+        "name": "trial",
+        "image": settings.image,
+        "command": ["/bin/sh", "-c", command],
+        "workingDir": str(launch.workdir),
+        "env": env,
+        "resources": {
+            "requests": {"cpu": limits["cpu"], "memory": res.memory},
+            "limits": limits,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # The shared store read-only (datasets, code snapshot); only the trial's own
+        # directory (artifacts) writable.
+        "volumeMounts": [
+            {"name": "data", "mountPath": str(settings.data_path), "readOnly": True},
+            {"name": "data", "mountPath": str(launch.workdir), "subPath": workdir_rel},
+        ],
+    }
+    if res.workers > 1:
+        container["ports"] = [{"name": "tf", "containerPort": TF_PORT}]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "priorityClassName": settings.priority_classes[launch.priority],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.run_as_user,
+            "runAsGroup": settings.run_as_group,
+            "fsGroup": settings.run_as_group,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": settings.data_claim}}
+        ],
+    }
+    if settings.service_account:
+        pod_spec["serviceAccountName"] = settings.service_account
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
+    if res.gpu:
+        pod_spec["tolerations"] = [
+            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        if res.gpu_type:
+            gpu = settings.gpu_type(res.gpu_type)
+            product = gpu.product if gpu is not None else res.gpu_type
+            pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: product}
+    affinity = node_affinity(settings, res, launch.priority)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if res.workers > 1:
+        pod_spec["subdomain"] = name
+    spec: dict[str, Any] = {
+        "backoffLimit": 0,
+        "ttlSecondsAfterFinished": settings.ttl_seconds,
+        # A preempted pod (low priority) is replaced by the Job, not counted as a failure.
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                }
+            ]
+        },
+        "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+    }
+    timeout = launch.timeout or settings.default_timeout
+    if timeout:
+        spec["activeDeadlineSeconds"] = max(1, math.ceil(timeout))
+    if res.workers > 1:
+        spec.update(
+            completionMode="Indexed", completions=res.workers, parallelism=res.workers
+        )
+    if settings.queue:
+        spec["suspend"] = True  # Kueue admits it (gang: all workers or none)
+    annotations = {OWNER_ANNOTATION: launch.owner, GPUS_ANNOTATION: str(res.gpu * res.workers)}
+    if launch.log_path:
+        annotations[LOG_ANNOTATION] = str(launch.log_path)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": meta_labels, "annotations": annotations},
+        "spec": spec,
+    }
+
+
+def owner_reference(job_obj: dict[str, Any]) -> dict[str, Any]:
+    """Dependents of the Job are garbage-collected with it."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": job_obj["metadata"]["name"],
+        "uid": job_obj["metadata"]["uid"],
+        "blockOwnerDeletion": False,
+    }
+
+
+def token_secret(
+    settings: KubeSettings, launch: TrialLaunch, token: str, owner: dict[str, Any]
+) -> dict[str, Any]:
+    """The trial's API token, per attempt, owned by its Job."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": secret_name(owner["metadata"]["name"]),
+            "labels": labels(settings, launch),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "stringData": {"token": token},
+    }
+
+
+def worker_service(
+    settings: KubeSettings, launch: TrialLaunch, owner: dict[str, Any]
+) -> dict[str, Any]:
+    """Headless Service giving each worker of an Indexed Job a stable name for TF_CONFIG."""
+    name = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "labels": labels(settings, launch),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"batch.kubernetes.io/job-name": name},
+            "ports": [{"name": "tf", "port": TF_PORT, "targetPort": TF_PORT}],
+        },
+    }
