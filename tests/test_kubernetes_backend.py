@@ -381,3 +381,94 @@ def test_check_refuses_what_cannot_run(kube_env: KubeCluster,
         KubernetesBackend.from_env().check(spec(cpu=1))
     assert err.value.field == "priority"
     assert kube_env.objects("jobs") == [] and kube_env.objects("secrets") == []
+
+
+async def test_multi_worker_trial_through_kueue_starts_as_a_gang(
+        kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two 1-GPU workers queued in Kueue: the Job starts suspended, is admitted whole, and
+    each worker gets TF_CONFIG for its own index."""
+    kube_env.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                     "metadata": {"name": "t4"},
+                     "spec": {"nodeLabels": {"nvidia.com/gpu.product": "Tesla-T4"}}})
+    kube_env.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+                     "metadata": {"name": "gpus"},
+                     "spec": {"namespaceSelector": {}, "resourceGroups": [{
+                         "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                         "flavors": [{"name": "t4", "resources": [
+                             {"name": "cpu", "nominalQuota": "8"},
+                             {"name": "memory", "nominalQuota": "16Gi"},
+                             {"name": "nvidia.com/gpu", "nominalQuota": "2"}]}]}]}})
+    kube_env.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+                     "metadata": {"name": "team"}, "spec": {"clusterQueue": "gpus"}})
+    monkeypatch.setenv("TUNEHUB_K8S_QUEUE", "team")
+    be = KubernetesBackend.from_env()
+    events = Events()
+    be.subscribe(events)
+    await be.start()
+    try:
+        la = kube_launch(kube_env, 1, "import os; print('TF_CONFIG=' + os.environ['TF_CONFIG'])",
+                         resources=Resources(gpu=1, workers=2, memory="1Gi"))
+        await be.launch(la)
+        job = kube_env.get("jobs", "tunehub-s3-t1-a1")
+        assert job is not None and job["spec"]["completionMode"] == "Indexed"
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team"
+        assert kube_env.get("services", "tunehub-s3-t1-a1") is not None
+        done = await events.final(1)
+        assert done.kind == "succeeded", done
+        log = la.log_path.read_text()
+        configs = [json.loads(line.split("=", 1)[1]) for line in log.splitlines()
+                   if line.startswith("TF_CONFIG=")]
+        assert sorted(c["task"]["index"] for c in configs) == [0, 1]
+        assert configs[0]["cluster"]["worker"] == [
+            "tunehub-s3-t1-a1-0.tunehub-s3-t1-a1:2222", "tunehub-s3-t1-a1-1.tunehub-s3-t1-a1:2222"]
+        pods = kube_env.objects("pods", label_selector=f"{m.TRIAL_LABEL}=1")
+        assert {p["spec"]["nodeName"] for p in pods} == {"gpu-t4-0"}
+    finally:
+        await be.close()
+
+
+async def test_per_user_gpu_cap_holds_launches_until_gpus_free(
+        kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEHUB_K8S_MAX_GPUS_PER_USER", "1")
+    be = KubernetesBackend.from_env()
+    events = Events()
+    be.subscribe(events)
+    await be.start()
+    try:
+        gate = kube_env.data_dir / "gate"
+        first = kube_launch(kube_env, 1, "", command="python wait.py",
+                            resources=Resources(gpu=1))
+        (first.workdir / "wait.py").write_text(
+            f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.1)\n")
+        second = kube_launch(kube_env, 2, "print('second ran')", resources=Resources(gpu=1))
+        other = kube_launch(kube_env, 3, "print('bob ran')", resources=Resources(gpu=1),
+                            owner="bob")
+        assert be.can_launch(Resources(gpu=1), owner="alice")
+        for la in (first, second, other):
+            await be.launch(la)
+        assert not be.can_launch(Resources(gpu=1), owner="alice")
+        assert be.can_launch(Resources(gpu=0), owner="alice")
+        assert kube_env.get("jobs", "tunehub-s3-t2-a1") is None  # held: alice is at her cap
+        assert (await events.final(3)).kind == "succeeded"  # bob is not limited by alice
+        assert kube_env.get("jobs", "tunehub-s3-t2-a1") is None
+        gate.write_text("")
+        assert (await events.final(1)).kind == "succeeded"
+        assert (await events.final(2)).kind == "succeeded"
+        assert "second ran" in second.log_path.read_text()
+    finally:
+        await be.close()
+
+
+def test_check_uses_the_api_servers_admission(kube_env: KubeCluster,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Job the API server would reject (here: a bad label value from the settings) is
+    refused at submission by a server-side dry run, which stores nothing."""
+    monkeypatch.setenv("TUNEHUB_K8S_POD_LABELS", json.dumps({"team": "data science!"}))
+    with pytest.raises(SpecError, match="the cluster refuses the trial Job:.*data science") as err:
+        KubernetesBackend.from_env().check(spec(cpu=1))
+    assert err.value.field == "spec"
+    assert kube_env.objects("jobs") == []
+    monkeypatch.delenv("TUNEHUB_K8S_POD_LABELS")
+    monkeypatch.setenv("TUNEHUB_HOME", str(kube_env.data_dir.parent / "elsewhere"))
+    with pytest.raises(SpecError, match="TUNEHUB_HOME inside TUNEHUB_DATA"):
+        KubernetesBackend.from_env().check(spec(cpu=1))
