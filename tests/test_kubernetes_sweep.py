@@ -5,6 +5,7 @@ reports over HTTP to the CLI's tuner API, and the best model is registered and p
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ import yaml
 
 from tests.conftest import REPO, Home
 from tests.kube import KubeCluster
-from tests.sweeps_helpers import parse_json
+from tests.polling import wait_for
+from tests.sweeps_helpers import parse_json, write_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -55,3 +57,64 @@ def test_digits_sweep_on_kubernetes_promotes_a_model(kube: KubeCluster, tmp_path
     assert (Path(versions[0]["path"]) / "saved_model.pb").is_file()
     log = home.cli("sweep", "logs", str(sweep["id"]), "0", check=True).stdout
     assert "attempt 1" in log and "val_accuracy" in log, log
+
+
+GATED = """
+import os, time, tuner
+p = tuner.params()
+while not os.path.exists(os.environ["GATE"]):
+    time.sleep(0.1)
+tuner.report(p["x"])
+"""
+
+
+def test_killed_tuner_resumes_without_duplicate_jobs(kube: KubeCluster, tmp_path: Path) -> None:
+    """SIGKILL the controller while its trials' Jobs run; ``sweep resume`` finishes the sweep
+    and at no moment does one trial have two live Jobs."""
+    for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
+        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                     "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
+    data, gate = kube.data_dir, kube.data_dir / "gate"
+    home = Home(data / ".tunehub", f"sqlite:///{tmp_path / 'tunehub.sqlite'}", extra_env={
+        "KUBECONFIG": str(kube.kubeconfig), "TUNEHUB_DATA": str(data)})
+    spec = write_sweep(tmp_path / "code", GATED, trials=2, parallelism=2, max_retries=1,
+                       env={"GATE": str(gate)}, resources={"cpu": 0.1, "memory": "256Mi"})
+
+    def live_jobs() -> dict[str, list[str]]:
+        by_trial: dict[str, list[str]] = {}
+        for job in kube.objects("jobs", label_selector="app.kubernetes.io/managed-by=tunehub"):
+            if not job["metadata"].get("deletionTimestamp"):
+                by_trial.setdefault(job["metadata"]["labels"]["tunehub.io/trial"], []).append(
+                    job["metadata"]["name"])
+        return by_trial
+
+    first = home.popen("sweep", "run", str(spec), "--backend", "kubernetes", "--wait")
+    try:
+        def both_running() -> bool:
+            pods = kube.objects("pods", label_selector="app.kubernetes.io/managed-by=tunehub")
+            return len([p for p in pods if p["status"].get("phase") == "Running"]) == 2
+
+        wait_for(both_running, 60, "both trial pods to run")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    assert len(live_jobs()) == 2  # the Jobs outlive the tuner
+
+    resumed = home.popen("sweep", "resume", "1", "--wait", "--json")
+    try:
+        def relaunched() -> bool:
+            jobs = live_jobs()
+            assert all(len(names) == 1 for names in jobs.values()), jobs  # never two
+            return sorted(n for names in jobs.values() for n in names) == [
+                "tunehub-s1-t1-a2", "tunehub-s1-t2-a2"]
+
+        wait_for(relaunched, 60, "the resumed controller's attempts")
+        gate.write_text("")
+        out, err = resumed.communicate(timeout=300)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    assert resumed.returncode == 0, out + err
+    sweep = parse_json(out)
+    assert sweep["state"] == "completed" and sweep["completed"] == 2, sweep
+    assert kube.objects("jobs") == []
