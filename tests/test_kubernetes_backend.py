@@ -472,3 +472,43 @@ def test_check_uses_the_api_servers_admission(kube_env: KubeCluster,
     monkeypatch.setenv("TUNEHUB_HOME", str(kube_env.data_dir.parent / "elsewhere"))
     with pytest.raises(SpecError, match="TUNEHUB_HOME inside TUNEHUB_DATA"):
         KubernetesBackend.from_env().check(spec(cpu=1))
+
+
+async def test_watch_relists_after_410_and_keeps_reporting(
+        kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Watch history compacted while a trial runs: a watch gets 410 Gone, lists again and
+    the attempt's outcome still arrives."""
+    from tuner.backends.kubernetes import api
+
+    monkeypatch.setattr(api, "WATCH_SECONDS", 1)  # reconnect often, to meet the 410 soon
+    be = KubernetesBackend.from_env()
+    events = Events()
+    be.subscribe(events)
+    await be.start()
+    try:
+        gate = kube_env.data_dir / "gate"
+        la = kube_launch(kube_env, 1, "", command="python wait.py")
+        (la.workdir / "wait.py").write_text(
+            f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.1)\n"
+            "print('after compaction')\n")
+        await be.launch(la)
+
+        async def running() -> bool:
+            pods = kube_env.objects("pods", label_selector=f"{m.TRIAL_LABEL}=1")
+            return bool(pods) and pods[0]["status"].get("phase") == "Running"
+
+        await eventually(running, 30, "the trial pod to run")
+        lists = kube_env.counters.snapshot().get(("list", "pods"), 0)
+        kube_env.compact()
+
+        async def relisted() -> bool:
+            return kube_env.counters.snapshot().get(("list", "pods"), 0) > lists
+
+        # The pod watch's resourceVersion is older than the compaction: 410, then a new list.
+        await eventually(relisted, 30, "the pod watch to list again after 410 Gone")
+        gate.write_text("")
+        done = await events.final(1)
+        assert done.kind == "succeeded", done
+        assert "after compaction" in la.log_path.read_text()
+    finally:
+        await be.close()

@@ -130,7 +130,7 @@ class Kube:
         A 410 Gone (history compacted) raises :class:`ApiException` for the caller to re-list.
         """
         call = self.batch.list_namespaced_job if kind == "jobs" else self.core.list_namespaced_pod
-        w = watch.Watch()
+        w = watch.Watch(return_type="object")  # keep the JSON: no model objects per event
         try:
             async for event in w.stream(
                 call,

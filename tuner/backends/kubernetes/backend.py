@@ -43,6 +43,7 @@ class _Attempt:
     job: str
     gpus: int
     started: bool = False
+    confirmed: bool = False  # the Job is known to exist (created, adopted or watched)
     done: bool = False
     stop_reason: str | None = None
     pod_reason: str | None = None
@@ -347,10 +348,13 @@ class KubernetesBackend(Backend):
         handler = self._on_job if kind == "jobs" else self._on_pod
         while True:
             try:
+                known = [a for a in self._attempts.values() if a.confirmed]
                 listed = await kube.list(kind, m.SELECTOR)
                 version = listed["metadata"]["resourceVersion"]
                 for obj in listed.get("items") or []:
                     await self._safely(handler, obj)
+                if kind == "jobs":
+                    await self._vanished(known, listed.get("items") or [])
                 self._ready[kind].set()
                 while True:
                     async for etype, obj in kube.watch(kind, m.SELECTOR, version):
@@ -366,6 +370,14 @@ class KubernetesBackend(Backend):
                 log.exception("watch of %s failed", kind)
                 await asyncio.sleep(RETRY_SECONDS)
 
+    async def _vanished(self, known: list[_Attempt], jobs: list[dict[str, Any]]) -> None:
+        """After a re-list: Jobs that existed and are gone now were deleted while the watch
+        was down (by someone else, or by their TTL); their attempts end here."""
+        names = {j["metadata"]["name"] for j in jobs}
+        for att in known:
+            if att.job not in names and not att.done:
+                await self._finish(att, "failed", att.stop_reason or "its Job vanished")
+
     async def _safely(self, handler: Any, obj: dict[str, Any], deleted: bool = False) -> None:
         try:
             await handler(obj, deleted)
@@ -376,6 +388,7 @@ class KubernetesBackend(Backend):
         att = self._attempts.get(job["metadata"]["name"])
         if att is None or att.done:
             return
+        att.confirmed = True
         outcome = job_outcome(job)
         if outcome is not None:
             kind, reason = outcome
