@@ -512,3 +512,28 @@ async def test_watch_relists_after_410_and_keeps_reporting(
         assert "after compaction" in la.log_path.read_text()
     finally:
         await be.close()
+
+
+async def test_unreachable_cluster_is_one_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.service_fixtures import free_port
+    from tuner.backends.kubernetes.api import ClusterUnavailable
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "dead",
+        "clusters": [{"name": "dead", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "dead", "context": {"cluster": "dead", "user": "u"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("TUNEHUB_DATA", str(tmp_path))
+    monkeypatch.setenv("TUNEHUB_HOME", str(tmp_path / ".tunehub"))
+    be = KubernetesBackend.from_env()
+    with pytest.raises(ClusterUnavailable, match="cannot reach the Kubernetes API") as err:
+        await asyncio.to_thread(be.check, spec(cpu=1))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ClusterUnavailable, match="cannot watch Jobs and pods"):
+        await be.start()
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(ClusterUnavailable, match="KUBECONFIG: .*missing does not exist"):
+        await KubernetesBackend.from_env().start()

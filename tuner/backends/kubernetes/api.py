@@ -13,8 +13,22 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tuner.backends.kubernetes.settings import KubeSettings
+from tuner.errors import TunehubError
 
 WATCH_SECONDS = 300  # server-side timeout of one watch request; the watch then resumes
+
+
+class ClusterUnavailable(TunehubError):
+    """The Kubernetes API cannot be reached or configured: a one-line reason for the user."""
+
+    status = 503
+
+
+def describe(exc: BaseException) -> str:
+    """One line for any failure talking to the API (HTTP error, refused connection...)."""
+    if isinstance(exc, ApiException):
+        return api_message(exc)
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
 def api_message(exc: ApiException) -> str:
@@ -33,12 +47,19 @@ async def connect(settings: KubeSettings) -> client.ApiClient:
     in-cluster service account."""
     cfg = client.Configuration()
     kubeconfig = settings.kubeconfig or str(Path.home() / ".kube" / "config")
-    if settings.kubeconfig or Path(kubeconfig).exists():
-        await config.load_kube_config(
-            config_file=kubeconfig, context=settings.context, client_configuration=cfg
-        )
-    else:
-        config.load_incluster_config(client_configuration=cfg)
+    if settings.kubeconfig and not Path(kubeconfig).is_file():
+        raise ClusterUnavailable(f"KUBECONFIG: {kubeconfig} does not exist")
+    try:
+        if settings.kubeconfig or Path(kubeconfig).exists():
+            await config.load_kube_config(
+                config_file=kubeconfig, context=settings.context, client_configuration=cfg
+            )
+        else:
+            config.load_incluster_config(client_configuration=cfg)
+    except Exception as exc:  # ConfigException, OSError, YAML errors: all mean "no cluster"
+        raise ClusterUnavailable(
+            f"no Kubernetes configuration ({describe(exc)}); set KUBECONFIG or run in a pod"
+        ) from None
     api = client.ApiClient(cfg)
     api.user_agent = "tunehub-tuner"
     return api

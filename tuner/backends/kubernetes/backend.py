@@ -24,9 +24,16 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from tuner.backends._base import Backend, EventKind, TrialEvent, TrialLaunch
 from tuner.backends.kubernetes import manifests as m
-from tuner.backends.kubernetes.api import Kube, api_message, connect
+from tuner.backends.kubernetes.api import (
+    ClusterUnavailable,
+    Kube,
+    api_message,
+    connect,
+    describe,
+)
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.backends.kubernetes.status import job_outcome, job_started, pod_failure, pod_problem
+from tuner.errors import TunehubError
 from tuner.settings import load_settings
 from tuner.spec import Resources, SpecError, SweepSpec
 from tuner.trial import ENV_TOKEN
@@ -66,6 +73,7 @@ class KubernetesBackend(Backend):
         self._watches: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ready: dict[str, asyncio.Event] = {}
+        self._start_error = ""  # why the first list failed: start() reports it
 
     @classmethod
     def from_env(cls) -> KubernetesBackend:
@@ -93,14 +101,25 @@ class KubernetesBackend(Backend):
                 f"a trial needs {want} GPU(s) but each user may hold at most "
                 f"{s.max_gpus_per_user} (TUNEHUB_K8S_MAX_GPUS_PER_USER)",
             )
+        # Sync callers (CLI, request handlers): a loop of its own, in a thread of its own.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pool.submit(asyncio.run, self._check_cluster(spec)).result()
+            try:
+                pool.submit(asyncio.run, self._check_cluster(spec)).result()
+            except TunehubError:
+                raise
+            except Exception as exc:
+                raise ClusterUnavailable(f"checking the sweep: {describe(exc)}") from None
 
     async def _check_cluster(self, spec: SweepSpec) -> None:
         s, res = self.settings, spec.resources
         kube = Kube(await connect(s), s.namespace)
         try:
-            nodes = await kube.node_gpus()
+            try:
+                nodes = await kube.node_gpus()
+            except Exception as exc:
+                raise ClusterUnavailable(
+                    f"cannot reach the Kubernetes API ({describe(exc)})"
+                ) from None
             gpu = s.gpu_type(res.gpu_type) if res.gpu_type else None
             if res.gpu_type and gpu is None:
                 known = {p for p, _ in nodes or [] if p}
@@ -190,11 +209,13 @@ class KubernetesBackend(Backend):
                 asyncio.gather(*(e.wait() for e in self._ready.values())), START_TIMEOUT
             )
         except asyncio.TimeoutError:
+            self._start_error = self._start_error or f"no answer in {START_TIMEOUT:g}s"
+        if self._start_error:
             await self.close()
-            raise RuntimeError(
-                f"cannot list Jobs/pods in namespace {self.settings.namespace!r} of the "
-                f"Kubernetes API within {START_TIMEOUT:g}s (see the log)"
-            ) from None
+            raise ClusterUnavailable(
+                f"cannot watch Jobs and pods in namespace {self.settings.namespace!r}: "
+                f"{self._start_error}"
+            )
 
     async def close(self) -> None:
         for task in self._watches:
@@ -362,12 +383,14 @@ class KubernetesBackend(Backend):
                         await self._safely(handler, obj, etype == "DELETED")
             except asyncio.CancelledError:
                 raise
-            except ApiException as exc:
-                if exc.status != 410:
-                    log.warning("watch of %s failed: %s", kind, api_message(exc))
-                    await asyncio.sleep(RETRY_SECONDS)
-            except Exception:  # keep watching whatever one event did
-                log.exception("watch of %s failed", kind)
+            except Exception as exc:  # keep watching, whatever went wrong
+                if isinstance(exc, ApiException) and exc.status == 410:
+                    continue  # history compacted: list again
+                if not self._ready[kind].is_set():
+                    self._start_error = describe(exc)
+                    self._ready[kind].set()
+                    return
+                log.warning("watch of %s failed, listing again: %s", kind, describe(exc))
                 await asyncio.sleep(RETRY_SECONDS)
 
     async def _vanished(self, known: list[_Attempt], jobs: list[dict[str, Any]]) -> None:
