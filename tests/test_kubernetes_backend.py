@@ -537,3 +537,63 @@ async def test_unreachable_cluster_is_one_clear_error(
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     with pytest.raises(ClusterUnavailable, match="KUBECONFIG: .*missing does not exist"):
         await KubernetesBackend.from_env().start()
+
+
+async def test_preempted_low_priority_trial_is_rerun_by_its_job(
+        kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook (higher priority) takes the A100s of a running low-priority trial: the pod is
+    preempted, the Job replaces it (podFailurePolicy ignores DisruptionTarget) and the attempt
+    finishes once the GPUs are free again, with no failure reported."""
+    monkeypatch.setenv("TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT", "120")
+    kube_env.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                     "metadata": {"name": "notebooks"}, "value": 1000})
+    be = KubernetesBackend.from_env()
+    events = Events()
+    be.subscribe(events)
+    await be.start()
+    try:
+        gate = kube_env.data_dir / "gate"
+        la = kube_launch(kube_env, 1, "", command="python wait.py", priority="low",
+                         resources=Resources(gpu=2, gpu_type="a100"))
+        (la.workdir / "wait.py").write_text(
+            f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.1)\n")
+        await be.launch(la)
+        selector = f"{m.TRIAL_LABEL}=1"
+
+        async def trial_running() -> list[dict]:
+            return [p for p in kube_env.objects("pods", label_selector=selector)
+                    if p["status"].get("phase") == "Running"]
+
+        first_pod = (await eventually(trial_running, 30, "the trial pod to run"))[0]
+        notebook_done = kube_env.data_dir / "notebook-done"
+        wait_for_file = (f"import os, time\nwhile not os.path.exists({str(notebook_done)!r}):"
+                         "\n    time.sleep(0.1)\n")
+        kube_env.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "notebook"},
+                         "spec": {"priorityClassName": "notebooks", "restartPolicy": "Never",
+                                  "nodeSelector": {m.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"},
+                                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                                  "containers": [{
+                                      "name": "nb", "image": "notebook",
+                                      "command": ["python", "-c", wait_for_file],
+                                      "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}})
+
+        async def notebook_running() -> bool:
+            pod = kube_env.get("pods", "notebook")
+            return bool(pod) and pod["status"].get("phase") == "Running"
+
+        await eventually(notebook_running, 30, "the notebook to preempt the trial")
+        assert all(p["metadata"]["name"] != first_pod["metadata"]["name"]
+                   for p in await trial_running())
+        notebook_done.write_text("")  # the user stops the notebook: the GPUs are free again
+
+        async def replaced() -> list[dict]:
+            pods = await trial_running()
+            return [p for p in pods if p["metadata"]["name"] != first_pod["metadata"]["name"]]
+
+        await eventually(replaced, 30, "the Job's replacement pod to run")
+        gate.write_text("")
+        done = await events.final(1)
+        assert done.kind == "succeeded" and done.attempt == 1, done
+        assert [e.kind for e in events.seen if e.kind != "started"] == ["succeeded"]
+    finally:
+        await be.close()
