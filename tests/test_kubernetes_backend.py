@@ -201,20 +201,23 @@ class Events:
     """The backend's events, awaited with a deadline."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[TrialEvent] = asyncio.Queue()
         self.seen: list[TrialEvent] = []
+        self.changed = asyncio.Event()
 
     def __call__(self, event: TrialEvent) -> None:
         self.seen.append(event)
-        self.queue.put_nowait(event)
+        self.changed.set()
 
     async def final(self, trial: int, timeout: float = 60) -> TrialEvent:
-        async def next_final() -> TrialEvent:
+        """The first succeeded/failed event of ``trial``."""
+        async def find() -> TrialEvent:
             while True:
-                ev = await self.queue.get()
-                if ev.trial_id == trial and ev.kind != "started":
-                    return ev
-        return await asyncio.wait_for(next_final(), timeout)
+                for ev in self.seen:
+                    if ev.trial_id == trial and ev.kind != "started":
+                        return ev
+                self.changed.clear()
+                await self.changed.wait()
+        return await asyncio.wait_for(find(), timeout)
 
 
 @pytest.fixture
@@ -597,3 +600,22 @@ async def test_preempted_low_priority_trial_is_rerun_by_its_job(
         assert [e.kind for e in events.seen if e.kind != "started"] == ["succeeded"]
     finally:
         await be.close()
+
+
+@pytest.mark.parametrize("n", [1, 5])
+async def test_api_requests_per_trial_are_constant(
+        backend: tuple[KubernetesBackend, Events], kube_env: KubeCluster, n: int) -> None:
+    """Watching, not polling: each trial costs the same writes (Job, Secret, delete at
+    cleanup) and reads (its log, once), however many run at once."""
+    be, events = backend
+    kube_env.counters.reset()
+    for trial in range(1, n + 1):
+        await be.launch(kube_launch(kube_env, trial, "import time; time.sleep(0.5)"))
+    for trial in range(1, n + 1):
+        assert (await events.final(trial)).kind == "succeeded"
+    await be.cleanup(3)
+    counts = kube_env.counters.snapshot()
+    assert kube_env.counters.writes() == 3 * n, counts
+    assert counts[("create", "jobs")] == counts[("delete", "jobs")] == n, counts
+    assert counts[("get", "pods/log")] == n, counts
+    assert counts.get(("get", "jobs"), 0) == 0 and counts.get(("get", "pods"), 0) == 0, counts
