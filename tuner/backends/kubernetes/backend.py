@@ -259,16 +259,17 @@ class KubernetesBackend(Backend):
         self._by_key[launch.key] = name
         adopted = False
         try:
-            job = await kube.create(body)
-        except ApiException as exc:
-            existing = await kube.get_job(name) if exc.status == 409 else None
-            if existing is None:
-                self._forget(att)
-                await self._emit(
-                    launch, "failed", f"the cluster refused the Job: {api_message(exc)}"
-                )
-                return
-            job, adopted = existing, True  # created before a restart: adopt, never twice
+            try:
+                job = await kube.create(body)
+            except ApiException as exc:
+                existing = await kube.get_job(name) if exc.status == 409 else None
+                if existing is None:
+                    raise
+                job, adopted = existing, True  # created before a restart: adopt, never twice
+        except Exception as exc:  # refused (403/422) or unreachable: the attempt failed
+            self._forget(att)
+            await self._emit(launch, "failed", f"the cluster refused the Job: {describe(exc)}")
+            return
         try:
             token = launch.env.get(ENV_TOKEN, "")
             secret = m.token_secret(self.settings, launch, token, job)
@@ -285,8 +286,8 @@ class KubernetesBackend(Backend):
                 except ApiException as exc:
                     if exc.status != 409:
                         raise
-        except ApiException as exc:
-            await self._stop(att, f"could not create the trial's objects: {api_message(exc)}")
+        except Exception as exc:
+            await self._stop(att, f"could not create the trial's objects: {describe(exc)}")
             return
         await self._on_job(job)
 
@@ -311,8 +312,8 @@ class KubernetesBackend(Backend):
         att.stop_reason = reason
         try:
             await self._api().delete_job(att.job)
-        except ApiException as exc:
-            log.warning("deleting Job %s: %s", att.job, api_message(exc))
+        except Exception as exc:  # its TTL or cleanup() removes it later
+            log.warning("deleting Job %s: %s", att.job, describe(exc))
         await self._finish(att, "failed", reason)
 
     async def _finish(self, att: _Attempt, kind: EventKind, reason: str = "") -> None:
@@ -322,7 +323,10 @@ class KubernetesBackend(Backend):
         if att.unschedulable is not None:
             att.unschedulable.cancel()
         if kind == "succeeded" or att.stop_reason is None:
-            await self._save_log(att)
+            try:
+                await self._save_log(att)
+            except Exception as exc:  # the outcome matters more than the log
+                log.warning("reading the log of Job %s: %s", att.job, describe(exc))
         self._forget(att)
         await self._emit(att.launch, kind, reason)
         await self._release_held(att.launch.owner)
@@ -426,7 +430,11 @@ class KubernetesBackend(Backend):
 
     async def _pod_reason(self, att: _Attempt) -> str | None:
         """The Job failed before the pod watch told us why: read its pods once."""
-        listed = await self._api().list("pods", f"batch.kubernetes.io/job-name={att.job}")
+        try:
+            listed = await self._api().list("pods", f"batch.kubernetes.io/job-name={att.job}")
+        except Exception as exc:
+            log.warning("listing the pods of Job %s: %s", att.job, describe(exc))
+            return None
         for pod in listed.get("items") or []:
             att.pods.add(pod["metadata"]["name"])
             reason = pod_failure(pod)
@@ -496,11 +504,15 @@ class KubernetesBackend(Backend):
         return adopted
 
     async def cleanup(self, sweep_id: int) -> None:
-        """Delete the sweep's Jobs (their pods, Secrets and Services go with them)."""
-        for job in await self._sweep_jobs(sweep_id):
-            name = job["metadata"]["name"]
-            att = self._attempts.get(name)
-            if att is not None and not att.done:
-                continue  # still reported on by a controller
-            if not job["metadata"].get("deletionTimestamp"):
-                await self._api().delete_job(name)
+        """Delete the sweep's Jobs (their pods, Secrets and Services go with them). Best
+        effort: what fails here is removed by the Jobs' TTL or the next cleanup."""
+        try:
+            for job in await self._sweep_jobs(sweep_id):
+                name = job["metadata"]["name"]
+                att = self._attempts.get(name)
+                if att is not None and not att.done:
+                    continue  # still reported on by a controller
+                if not job["metadata"].get("deletionTimestamp"):
+                    await self._api().delete_job(name)
+        except Exception as exc:
+            log.warning("cleaning up the Jobs of sweep %s: %s", sweep_id, describe(exc))
