@@ -159,6 +159,7 @@ class Kube:
                 label_selector=selector,
                 resource_version=resource_version,
                 timeout_seconds=WATCH_SECONDS,
+                _request_timeout=WATCH_SECONDS + 30,  # a silently dead connection ends too
             ):
                 yield event["type"], event["raw_object"]
         finally:
