@@ -5,6 +5,7 @@
 - :mod:`.manifests`: the Job / token Secret / headless Service of one attempt, as plain dicts.
 - :mod:`.status`: what Job and pod statuses mean for the attempt, in readable reasons.
 - :mod:`.api`: the few kubernetes-asyncio calls, speaking JSON.
+- :mod:`.checks`: refusing, at submission, sweeps whose trials could never run.
 - :mod:`.backend`: :class:`KubernetesBackend`, watching Jobs and pods and emitting events.
 """
 

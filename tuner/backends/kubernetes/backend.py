@@ -13,7 +13,6 @@ any attempt of that trial still alive).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -27,15 +26,13 @@ from tuner.backends.kubernetes import manifests as m
 from tuner.backends.kubernetes.api import (
     ClusterUnavailable,
     Kube,
-    api_message,
     connect,
     describe,
 )
+from tuner.backends.kubernetes.checks import check_spec
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.backends.kubernetes.status import job_outcome, job_started, pod_failure, pod_problem
-from tuner.errors import TunehubError
-from tuner.settings import load_settings
-from tuner.spec import Resources, SpecError, SweepSpec
+from tuner.spec import Resources, SweepSpec
 from tuner.trial import ENV_TOKEN
 
 log = logging.getLogger("tunehub.backends.kubernetes")
@@ -83,95 +80,8 @@ class KubernetesBackend(Backend):
     # --- submission checks ---------------------------------------------------------------
 
     def check(self, spec: SweepSpec) -> None:
-        """Refuse what can never run: too many GPUs for any node, an unknown GPU type, a
-        missing PriorityClass, a manifest the API server rejects (dry run: nothing stays)."""
-        s = self.settings
-        res = spec.resources
-        if spec.priority not in s.priority_classes:
-            raise SpecError("priority", f"no PriorityClass configured for {spec.priority!r}")
-        home = load_settings().sweeps_dir
-        try:
-            m._relative_to_data(s, home)
-        except ValueError as exc:
-            raise SpecError("backend", str(exc)) from None
-        want = res.gpu * res.workers
-        if s.max_gpus_per_user and want > s.max_gpus_per_user:
-            raise SpecError(
-                "resources.gpu",
-                f"a trial needs {want} GPU(s) but each user may hold at most "
-                f"{s.max_gpus_per_user} (TUNEHUB_K8S_MAX_GPUS_PER_USER)",
-            )
-        # Sync callers (CLI, request handlers): a loop of its own, in a thread of its own.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            try:
-                pool.submit(asyncio.run, self._check_cluster(spec)).result()
-            except TunehubError:
-                raise
-            except Exception as exc:
-                raise ClusterUnavailable(f"checking the sweep: {describe(exc)}") from None
-
-    async def _check_cluster(self, spec: SweepSpec) -> None:
-        s, res = self.settings, spec.resources
-        kube = Kube(await connect(s), s.namespace)
-        try:
-            try:
-                nodes = await kube.node_gpus()
-            except Exception as exc:
-                raise ClusterUnavailable(
-                    f"cannot reach the Kubernetes API ({describe(exc)})"
-                ) from None
-            gpu = s.gpu_type(res.gpu_type) if res.gpu_type else None
-            if res.gpu_type and gpu is None:
-                known = {p for p, _ in nodes or [] if p}
-                if res.gpu_type not in known:
-                    offered = ", ".join(g.name for g in s.gpu_types) or ", ".join(sorted(known))
-                    raise SpecError(
-                        "resources.gpu_type",
-                        f"unknown GPU type {res.gpu_type!r}; this cluster offers: "
-                        f"{offered or 'no GPUs'}",
-                    )
-            product = gpu.product if gpu else res.gpu_type
-            if res.gpu:
-                if nodes is not None:
-                    per_node = [n for p, n in nodes if product is None or p == product]
-                    source = "allocatable nvidia.com/gpu of the cluster's nodes"
-                else:
-                    types = [gpu] if gpu else list(s.gpu_types)
-                    per_node = [g.max_per_node or 0 for g in types]
-                    source = "maxPerNode in TUNEHUB_K8S_GPU_TYPES"
-                most = max(per_node, default=0)
-                if res.gpu > most:
-                    what = f"{res.gpu_type} " if res.gpu_type else ""
-                    raise SpecError(
-                        "resources.gpu",
-                        f"{res.gpu} GPU(s) per worker requested but no {what}node has more "
-                        f"than {most} ({source})",
-                    )
-            pclass = s.priority_classes[spec.priority]
-            if await kube.priority_class_exists(pclass) is False:
-                raise SpecError(
-                    "priority",
-                    f"PriorityClass {pclass!r} for priority {spec.priority} does not exist in "
-                    "the cluster (install the chart's priority classes or set "
-                    "TUNEHUB_K8S_PRIORITY_CLASSES)",
-                )
-            await self._dry_run(kube, spec)
-        finally:
-            await kube.close()
-
-    async def _dry_run(self, kube: Kube, spec: SweepSpec) -> None:
-        """The API server's own validation and admission of a trial Job, stored nowhere."""
-        probe = TrialLaunch(
-            sweep_id=0, trial_id=0, number=0, attempt=1, command=spec.command,
-            workdir=self.settings.data_path / ".tunehub-check", env=dict(spec.env),
-            resources=spec.resources, timeout=spec.trial_timeout, log_path=Path(),
-            priority=spec.priority,
-        )
-        try:
-            await kube.create(m.job(self.settings, probe), dry_run=True)
-        except ApiException as exc:
-            message = api_message(exc)
-            raise SpecError("spec", f"the cluster refuses the trial Job: {message}") from None
+        """Refuse what can never run, at submission (see :func:`.checks.check_spec`)."""
+        check_spec(self.settings, spec)
 
     # --- capacity ------------------------------------------------------------------------
 

@@ -97,7 +97,7 @@ def tf_config_command(job: str, workers: int, command: str) -> str:
     )
 
 
-def _relative_to_data(settings: KubeSettings, path: Path) -> str:
+def relative_to_data(settings: KubeSettings, path: Path) -> str:
     try:
         return str(path.resolve().relative_to(settings.data_path))
     except ValueError:
@@ -116,7 +116,7 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
         meta_labels[QUEUE_LABEL] = settings.queue
     pod_labels = {**meta_labels, **settings.pod_labels}
     pod_labels.pop(QUEUE_LABEL, None)
-    workdir_rel = _relative_to_data(settings, launch.workdir)
+    workdir_rel = relative_to_data(settings, launch.workdir)
     env = [
         {"name": k, "value": v} for k, v in sorted(launch.env.items()) if k != ENV_TOKEN
     ]
