@@ -77,6 +77,9 @@ def emulator(data: Path, workdir: Path) -> Iterator[dict[str, Any]]:
         [sys.executable, "-m", "tests.kube", "--data", str(data), "--workdir", str(workdir)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=(workdir / "emulator.log").open("wb"),
         text=True,
+        # Pods run as local processes with the emulator's environment: `python` is this venv's.
+        env={**os.environ,
+             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"},
     )
     try:
         assert proc.stdout is not None
