@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-pytest_plugins = ["tests.service_fixtures", "tests.kube.fixtures"]
+pytest_plugins = ["tests.service_fixtures", "tests.hub_fixtures", "tests.kube.fixtures"]
 
 PG_BASE = os.environ.get("TUNEHUB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parent.parent
