@@ -5,7 +5,6 @@ from ``TUNEHUB_*`` environment variables (see ``hub/options.py``; ``tunehub up``
 from ``c.TunehubHub.<option>`` in a config file loaded before this one.
 """
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -31,10 +30,8 @@ c.JupyterHub.template_paths = [str(Path(local_spawner.__file__).parent / "templa
 sweeps_url = tuner_service.sweeps_page_url()
 c.JupyterHub.template_vars = {"tunehub_sweeps_url": sweeps_url, "tunehub_accounts": True}
 
-# --- the proxy: configurable-http-proxy from PyPI (no Node.js) ------------------------------
-chp = Path(sys.executable).with_name("configurable-http-proxy")
-c.ConfigurableHTTPProxy.command = [str(chp) if chp.exists() else
-                                   shutil.which("configurable-http-proxy") or str(chp)]
+# --- the proxy: configurable-http-proxy from PyPI (no Node.js), see hub/proxy.py ------------
+c.ConfigurableHTTPProxy.command = [sys.executable, "-m", "hub.proxy"]
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{opts.proxy_api_port}"
 c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
 

@@ -68,7 +68,7 @@ c.JupyterHub.db_url = "sqlite:///{home}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "{home}/jupyterhub_cookie_secret"
 c.JupyterHub.pid_file = "{home}/jupyterhub.pid"
 c.ConfigurableHTTPProxy.pid_file = "{home}/proxy.pid"
-c.ConfigurableHTTPProxy.command = ["{bindir}/configurable-http-proxy"]
+c.ConfigurableHTTPProxy.command = [sys.executable, "-m", "hub.proxy"]
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
 c.JupyterHub.authenticator_class = "dummy"
 c.Authenticator.allow_all = True
@@ -112,7 +112,7 @@ def tuner_hub(tmp_path: Path, db_url: str) -> Iterator[TunerHub]:
     (home / "jupyterhub_config.py").write_text(
         textwrap.dedent(
             CONFIG.format(
-                port=port, hub_port=hub_port, home=home, bindir=Path(sys.executable).parent,
+                port=port, hub_port=hub_port, home=home,
                 custom_scopes={k: {"description": v} for k, v in SCOPES.items()},
                 admin_token=admin_token, service_port=service_port,
                 proxy_api_port=proxy_api_port, environment=environment,
