@@ -145,7 +145,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _install_stop_handlers() -> list[int]:
-    """Ctrl-C and SIGTERM set a flag the main loop checks; the hub is then stopped cleanly."""
+    """Ctrl-C, SIGTERM and SIGHUP (the terminal closed) set a flag the main loop checks; the
+    hub is then stopped cleanly."""
     received: list[int] = []
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -153,6 +154,7 @@ def _install_stop_handlers() -> list[int]:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
     return received
 
 
@@ -199,7 +201,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the hub: it stops notebook servers, services and the proxy, then exits.
     Whatever is left of its process group after the grace period is killed."""
     if proc.poll() is None:
-        print("stopping tunehub ...", flush=True)
+        try:
+            print("stopping tunehub ...", flush=True)
+        except OSError:  # the terminal or pipe we wrote to is gone: stop the hub regardless
+            pass
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=STOP_TIMEOUT)
@@ -220,7 +225,7 @@ def _stop_leftover_proxy(pid_file: Path) -> None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, ValueError):
         return
-    if b"configurable-http-proxy" in cmdline:
+    if b"hub.proxy" in cmdline:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
