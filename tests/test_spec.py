@@ -50,6 +50,7 @@ def test_full_spec_round_trips() -> None:
         ({"colour": "red"}, "colour", "unknown field"),
         ({"name": "Bad Name"}, "name", "lowercase"),
         ({"command": ...}, "command", "required"),
+        ({"command": "EPOCHS=3 python train.py"}, "command", "put variables under 'env'"),
         ({"metric": ""}, "metric", "required"),
         ({"direction": "up"}, "direction", "maximize | minimize"),
         ({"trials": 0}, "trials", "at least 1"),

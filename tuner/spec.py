@@ -35,6 +35,7 @@ PRUNER_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
+_ENV_ASSIGNMENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 _DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
 
@@ -265,6 +266,13 @@ def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
         command = shlex.join(command)
     if not isinstance(command, str) or not command.strip():
         raise SpecError("command", f"expected a command line, got {command!r}")
+    first = command.split(None, 1)[0]
+    if _ENV_ASSIGNMENT_RE.match(first):
+        raise SpecError(
+            "command",
+            f"starts with the variable assignment {first!r}, but trials do not run in a shell: "
+            "put variables under 'env' (e.g. env: {" + first.split("=", 1)[0] + ": ...})",
+        )
     metric = _str(data, "metric")
     direction = _choice(data, "direction", DIRECTIONS, "maximize")
     trials = _int(data, "trials", 20, minimum=1)
