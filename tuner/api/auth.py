@@ -55,5 +55,9 @@ class UserHandler(HubOAuthenticated, JsonHandler):
 
 
 def make_hub_auth() -> HubOAuth:
-    """HubOAuth configured from the JUPYTERHUB_* variables the hub gives its services."""
-    return HubOAuth(cache_max_age=60)
+    """HubOAuth configured from the JUPYTERHUB_* variables the hub gives its services.
+
+    It is the process's one instance (``HubOAuth.instance()``) because JupyterHub's
+    ``HubOAuthCallbackHandler`` finds it that way, and the login state the sweeps page stores in
+    it (the PKCE code verifier, kept in memory) must be there when the callback arrives."""
+    return HubOAuth.instance(cache_max_age=60)
