@@ -26,4 +26,8 @@ class IndexHandler(HubOAuthenticated, RequestHandler):
             self.finish("the sweeps page is not installed")
             return
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(index.read_bytes())
+        # The page's script sends this token with its API requests: JupyterHub accepts the
+        # login cookie of a script (non-navigation) request only with it.
+        xsrf = self.xsrf_token
+        self.finish(index.read_bytes().replace(
+            b"{{xsrf_token}}", xsrf if isinstance(xsrf, bytes) else xsrf.encode()))

@@ -6,6 +6,7 @@
 const BASE = location.pathname.replace(/[^/]*$/, ""); // .../services/tuner/
 const API = BASE + "api/v1/";
 const HUB = BASE.replace(/services\/[^/]+\/$/, "") + "hub/";
+const XSRF = document.querySelector('meta[name="xsrf-token"]').content;
 const ACTIVE = new Set(["queued", "running", "cancelling", "pending"]);
 const FAST_MS = 2000;
 const SLOW_MS = 15000;
@@ -32,7 +33,8 @@ function el(tag, attrs = {}, ...children) {
 async function getJSON(path) {
   const response = await fetch(API + path, {
     credentials: "same-origin",
-    headers: { Accept: "application/json" },
+    // The hub login cookie counts for script requests only with the page's XSRF token.
+    headers: { Accept: "application/json", "X-XSRFToken": XSRF },
   });
   if (response.status === 401 || response.status === 403) {
     // The login expired or lacks the tuner scopes: go through the hub's login again.
