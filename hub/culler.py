@@ -11,6 +11,7 @@ with :mod:`hub.busy_activity`, while one of its kernels is busy running a cell.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -104,6 +105,9 @@ def culler_role() -> dict[str, Any]:
 
 
 def main() -> None:
+    # The hub stops its services with SIGINT first, which the stock culler ignores: every hub
+    # shutdown waited out the hub's interrupt timeout. The culler keeps no state; just exit.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     GpuAwareCuller.launch_instance()
 
 
