@@ -118,3 +118,89 @@ def test_killed_tuner_resumes_without_duplicate_jobs(kube: KubeCluster, tmp_path
     sweep = parse_json(out)
     assert sweep["state"] == "completed" and sweep["completed"] == 2, sweep
     assert kube.objects("jobs") == []
+
+
+async def test_restarted_service_adopts_running_jobs(
+        kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner service restarts (same report URL) while its trials' Jobs run: the new
+    controller adopts those Jobs instead of rerunning them, and their results count."""
+    import asyncio
+
+    from tornado.httpserver import HTTPServer
+
+    from tests.kube.waiting import eventually
+    from tests.service_fixtures import free_port
+    from tuner.api import make_app
+    from tuner.backends import make_backend
+    from tuner.controller import Engine
+    from tuner.db import Database, Trial
+    from tuner.settings import load_settings
+    from tuner.spec import SweepSpec
+    from tuner.sweeps import SweepStore, local_actor
+
+    for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
+        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                     "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    data, gate = kube.data_dir, kube.data_dir / "gate"
+    monkeypatch.setenv("TUNEHUB_HOME", str(data / ".tunehub"))
+    monkeypatch.setenv("TUNEHUB_DATA", str(data))
+    monkeypatch.setenv("TUNEHUB_DB_URL", f"sqlite:///{tmp_path / 't.sqlite'}")
+    settings = load_settings().ensure_dirs()
+    db = Database(settings.db_url)
+    spec = SweepSpec.from_yaml(write_sweep(
+        tmp_path / "code", GATED, trials=2, parallelism=2, max_retries=0,
+        env={"GATE": str(gate)}, resources={"cpu": 0.1, "memory": "256Mi"}))
+    sweep_id = (await asyncio.to_thread(
+        SweepStore(db, settings).submit, spec, local_actor(),
+        make_backend("kubernetes", settings))).id
+    port = free_port()
+
+    async def service() -> tuple[Engine, HTTPServer]:
+        """What ``python -m tuner.service`` builds: an engine reachable at a fixed URL."""
+        backend = make_backend("kubernetes", settings)
+        engine = Engine(db, settings, {"kubernetes": backend}, f"http://127.0.0.1:{port}/",
+                        stable_api_url=True)
+        server = HTTPServer(make_app(engine))
+        server.listen(port, "127.0.0.1")
+        await engine.start()
+        return engine, server
+
+    def job_names() -> list[str]:
+        return sorted(j["metadata"]["name"] for j in kube.objects(
+            "jobs", label_selector="app.kubernetes.io/managed-by=tunehub"))
+
+    first, server = await service()
+    first.run_sweep(sweep_id)
+
+    async def both_running() -> bool:
+        pods = kube.objects("pods", label_selector="app.kubernetes.io/managed-by=tunehub")
+        return len([p for p in pods if p["status"].get("phase") == "Running"]) == 2
+
+    await eventually(both_running, 60, "both trial pods to run")
+    await first.close()  # the service stops (SIGTERM); its Jobs keep running
+    server.stop()
+    assert job_names() == ["tunehub-s1-t1-a1", "tunehub-s1-t2-a1"]
+
+    second, server = await service()
+    try:
+        task = second.run_sweep(sweep_id)
+
+        async def adopted() -> bool:
+            controller = second.controllers.get(sweep_id)
+            return controller is not None and len(controller.running) == 2
+
+        await eventually(adopted, 60, "the restarted controller to adopt both attempts")
+        gate.write_text("")
+        assert await asyncio.wait_for(task, 120) == "completed"
+    finally:
+        await second.close()
+        server.stop()
+    creates = kube.counters.snapshot()
+    assert creates[("create", "jobs")] == 3  # the dry run at submission + one per trial
+    with db.session() as s:
+        from sqlalchemy import select
+
+        trials = list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id)))
+        assert [(t.state, t.attempts) for t in trials] == [("completed", 1), ("completed", 1)]
+        assert all(t.value is not None for t in trials)

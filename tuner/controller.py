@@ -76,7 +76,13 @@ class Engine:
         backends: dict[str, Backend],
         api_url: str,
         registry: object | None = None,
+        stable_api_url: bool = False,
     ) -> None:
+        """``stable_api_url``: trials can still report to ``api_url`` after this process
+        restarts (the tuner service at a fixed address). A restarted controller then keeps
+        the attempts its backend adopted (Kubernetes Jobs) instead of rerunning them; with a
+        per-process address (the CLI) their reports would go nowhere, so they are rerun."""
+        self.stable_api_url = stable_api_url
         self.db = db
         self.settings = settings
         self.backends = backends
@@ -469,6 +475,7 @@ class SweepController:
                     rows.append(row)
             s.flush()
             stale: list[TrialLaunch] = []
+            expected: list[_Running] = []
             for row in rows:
                 ot = by_number.get(row.number)
                 if row.state in ("completed", "pruned", "failed", "cancelled"):
@@ -490,10 +497,48 @@ class SweepController:
                 if row.state == "running":
                     stale.append(self._launch_record(row))
                     row.reason = "controller restarted"
+                    if self.engine.stable_api_url and row.token_hash:
+                        expected.append(self._running_from(row))
                 self.relaunch.append(row.id)
             self._recount(s)
         if stale:
-            await self.backend.reconcile(self.sweep_id, stale)
+            # Expect the attempts before asking: the backend reports what it adopts at once.
+            for rt in expected:
+                self.running[rt.trial_id] = rt
+                self.engine._track(rt.trial_id, self)
+            adopted = await self.backend.reconcile(self.sweep_id, stale)
+            self._keep_adopted(expected, adopted)
+
+    def _running_from(self, row: Trial) -> _Running:
+        """The controller's view of an attempt a previous controller launched."""
+        assert row.token_hash is not None
+        return _Running(
+            trial_id=row.id,
+            number=row.number,
+            attempt=row.attempts,
+            token_hash=row.token_hash,
+            optuna_trial=optuna.trial.Trial(self.study, row.optuna_trial_id),
+            artifact_dir=Path(row.artifact_dir or Path(row.workdir) / "artifacts"),
+            last_value=row.value,
+            last_step=row.last_step,
+        )
+
+    def _keep_adopted(self, expected: list[_Running], adopted: set[tuple[int, int]]) -> None:
+        """Adopted attempts keep running (no rerun, their progress kept); the rest are rerun."""
+        kept = [rt for rt in expected if (rt.trial_id, rt.attempt) in adopted]
+        for rt in expected:
+            if rt not in kept:
+                del self.running[rt.trial_id]
+                self.engine._track(rt.trial_id, None)
+        if not kept:
+            return
+        with self.db.session() as s:
+            for rt in kept:
+                self.relaunch.remove(rt.trial_id)
+                row = s.get(Trial, rt.trial_id)
+                assert row is not None
+                row.reason = None
+                metrics.TRIALS_RUNNING.inc()
 
     def _launch_record(self, row: Trial) -> TrialLaunch:
         return TrialLaunch(

@@ -73,7 +73,7 @@ async def serve() -> None:
     names = [n.strip() for n in os.environ.get("TUNEHUB_BACKENDS", "local").split(",") if n]
     backends = {name: make_backend(name, settings) for name in names}
     registry = Registry(db, settings.registry)
-    engine = Engine(db, settings, backends, trial_api, registry)
+    engine = Engine(db, settings, backends, trial_api, registry, stable_api_url=True)
     ctx = ServiceContext(
         engine=engine,
         store=SweepStore(db, settings),
