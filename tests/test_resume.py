@@ -66,7 +66,9 @@ def test_sigkill_then_resume_finishes_exactly(home: Home, tmp_path: Path) -> Non
     numbers = [t["number"] for t in out["trials_detail"]]
     assert sorted(numbers) == list(range(8)), numbers
     states = {t["number"]: (t["state"], t.get("reason")) for t in out["trials_detail"]}
-    assert all(state == "completed" for state, _ in states.values()), states
+    logs = {n: (home.path / "sweeps" / str(sweep_id) / "trials" / str(n) / "trial.log")
+            for n, (state, _) in states.items() if state != "completed"}
+    assert not logs, (states, {n: p.read_text()[-2000:] for n, p in logs.items() if p.exists()})
     after = {t["number"]: t["value"] for t in out["trials_detail"]}
     for number, value in before.items():
         assert after[number] == value
