@@ -53,7 +53,8 @@ notebook.configure(
 if opts.mode == "kubernetes":
     from hub import kube  # KubeSpawner, profiles, volumes: the Kubernetes mode's own module
 
-    kube.configure_kubespawner(c)
+    values = kube.KubeValues(config=c).load()
+    kube.configure_kubespawner(c, values)
     profiles = kube.profiles_for_culler(c)
 else:
     c.JupyterHub.spawner_class = local_spawner.TunehubLocalSpawner
@@ -63,14 +64,18 @@ else:
     profiles = local_spawner.default_profiles(len(local_spawner.discover_gpus()[0]))
     c.TunehubLocalSpawner.profiles = profiles
 
-# --- hub-managed services: the tuner, the idle culler ----------------------------------------
-c.JupyterHub.services = [
-    tuner_service.service_definition(
-        f"http://127.0.0.1:{opts.tuner_port}",
-        tuner_service.service_environment(settings),
-        opts.tuner_command,
-    )
-]
+# --- services: the tuner, the idle culler ----------------------------------------------------
+if opts.mode == "kubernetes":
+    # The chart runs the tuner in its own Deployment: an external service the hub must not start.
+    c.JupyterHub.services = [kube.tuner_service(values)]
+else:
+    c.JupyterHub.services = [
+        tuner_service.service_definition(
+            f"http://127.0.0.1:{opts.tuner_port}",
+            tuner_service.service_environment(settings),
+            opts.tuner_command,
+        )
+    ]
 if opts.cpu_idle_timeout > 0:
     c.JupyterHub.services.append(
         culler.service_definition(

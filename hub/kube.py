@@ -8,8 +8,10 @@ twice: object names come from the chart, not re-guessed here.
 
 Called from ``jupyterhub_config.py`` when ``TUNEHUB_MODE=kubernetes``::
 
-    kube.configure_kubespawner(c)
+    values = kube.KubeValues(config=c).load()
+    kube.configure_kubespawner(c, values)
     profiles = kube.profiles_for_culler(c)
+    c.JupyterHub.services = [kube.tuner_service(values)]  # the chart runs the tuner
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "tunehub"
 GPU_EXAMPLE = CHART / "examples" / "gpu-values.yaml"
 RELEASE, NAMESPACE = "tunehub", "lab"
+TUNER_TOKEN = "tuner-token-0123456789abcdef"
 
 
 def kube_versions(count: int = 2) -> list[str]:
@@ -72,6 +73,7 @@ def load_hub_config(values: dict[str, Any], tmp: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("TUNEHUB_HOME", str(tmp / "home"))
     monkeypatch.setenv("TUNEHUB_DATA", str(tmp / "data"))
     monkeypatch.setenv("TUNEHUB_HUB_STATE", str(tmp / "state"))
+    monkeypatch.setenv("TUNEHUB_TUNER_API_TOKEN", TUNER_TOKEN)  # from the tuner-token Secret
     return PyFileConfigLoader("jupyterhub_config.py", path=str(REPO)).load_config()
 
 
@@ -162,6 +164,11 @@ def test_gpu_example_gives_the_kubespawner_settings_it_describes(
     assert c.JupyterHub.hub_connect_url == "http://tunehub-hub:8081"
     find(objects, "Service", "tunehub-proxy-api")
     find(objects, "Service", "tunehub-hub")
+    # The tuner is the chart's own Deployment: an external service sharing the chart's token.
+    tuner = next(s for s in c.JupyterHub.services if s["name"] == "tuner")
+    assert "command" not in tuner and "environment" not in tuner
+    assert tuner["url"] == "http://tunehub-tuner:8082"
+    assert tuner["api_token"] == TUNER_TOKEN
     # The culler learns which profiles hold GPUs.
     culler = next(s for s in c.JupyterHub.services if s["name"] == "idle-culler")
     assert "--GpuAwareCuller.gpu_profiles=['t4-1', 'a100-2', 'a100-8']" in culler["command"]
