@@ -34,6 +34,10 @@ DEFAULT_VALUES_PATH = "/usr/local/etc/tunehub/values.yaml"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 NOTEBOOK_PORT = 8888
+#: Seconds the starting hub waits for the (external) tuner service to answer; then it warns.
+TUNER_STARTUP_WAIT = 2
+#: What the notebook image runs (its CMD; images/notebook/Dockerfile).
+SINGLEUSER_COMMAND = "jupyterhub-singleuser"
 
 _QUANTITY = re.compile(r"^([0-9.]+)(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 _FACTOR = {None: 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
@@ -199,6 +203,9 @@ def configure_kubespawner(c: Any, values: dict[str, Any] | None = None) -> None:
     ks.image_pull_policy = image.get("pullPolicy") or "IfNotPresent"
     ks.image_pull_secrets = list(values.get("imagePullSecrets") or [])
     ks.port = NOTEBOOK_PORT
+    # With the image's CMD (KubeSpawner's default) KubeSpawner drops every argument, tunehub's
+    # server extension among them (hub.notebook.SINGLEUSER_ARGS): name the command.
+    ks.cmd = [SINGLEUSER_COMMAND]
     ks.start_timeout = int(nb["startTimeout"])
     ks.http_timeout = 120
     ks.events_enabled = True  # scheduling and image-pull events on the spawn progress page
@@ -257,6 +264,10 @@ def tuner_service(values: dict[str, Any] | None = None,
     for key in ("command", "environment"):
         service.pop(key, None)
     service["api_token"] = token
+    # At startup the hub waits this long for an external service to answer before it adds its
+    # proxy routes and reports itself running; the tuner's own Deployment may still be starting
+    # (install, upgrade), and nothing in the hub needs it up: don't hold the hub 30 s for it.
+    service["timeout"] = TUNER_STARTUP_WAIT
     return service
 
 
