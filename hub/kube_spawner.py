@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, Int, List, Unicode
 
@@ -24,8 +25,17 @@ from traitlets import Bool, Dict, Int, List, Unicode
 _HOPEFUL_REASONS = {"TriggeredScaleUp", "Scheduled", "Preempted", "Pulling", "Pulled"}
 
 
-class SpawnRefused(Exception):
-    """A spawn that cannot work; JupyterHub shows the message on the spawn page."""
+class SpawnRefused(SpawnException):
+    """A spawn that cannot work. As a JupyterHub ``SpawnException`` it is a refusal, not a hub
+    error: the REST API answers 400 with the message (not 500), the spawn page shows the message
+    as it is, the log gets one line instead of a traceback, and it does not count toward
+    ``Spawner.consecutive_failure_limit`` (which would restart the hub)."""
+
+    def __init__(self, message: str, *, reason: str = "capacity") -> None:
+        super().__init__(message, reason=reason)
+
+    def __str__(self) -> str:  # JupyterHub shows str() on the spawn page: not "HTTP 400: ..."
+        return self.message
 
 
 def largest(gpu_types: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -129,14 +139,14 @@ class TunehubKubeSpawner(KubeSpawner):
         slug = (self.user_options or {}).get("profile")
         if not profiles:
             raise SpawnRefused("no notebook profile is available to you; ask an admin to add "
-                               "you to a group")
+                               "you to a group", reason="profile")
         if not slug:
             return next((p for p in profiles if p.get("default")), profiles[0])
         for p in profiles:
             if p["slug"] == slug:
                 return p
         raise SpawnRefused(f"profile {slug!r} is not available to you; choose one of: "
-                           + ", ".join(p["slug"] for p in profiles))
+                           + ", ".join(p["slug"] for p in profiles), reason="profile")
 
     async def load_user_options(self) -> None:
         profiles = self.visible_profiles(self)
