@@ -247,6 +247,9 @@ async def test_notebook_pod_manifest_is_valid_and_carries_the_profile(
     spec = pod["spec"]
     nb = spec["containers"][0]
     assert nb["image"] == "registry.example.com/tunehub/notebook:0.1.0-tf2.17"
+    # The image's CMD named, so tunehub's server arguments are not dropped by KubeSpawner.
+    assert nb["args"][0] == "jupyterhub-singleuser"
+    assert "--ServerApp.jpserver_extensions={'hub.busy_activity': True}" in nb["args"]
     assert nb["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert spec["priorityClassName"] == "tunehub-notebook"
@@ -352,6 +355,7 @@ def test_tuner_is_an_external_service_with_the_charts_token() -> None:
     assert service["name"] == "tuner" and service["api_token"] == "t0ken"
     assert service["url"] == "http://tunehub-tuner:8082"
     assert "command" not in service  # the chart's tuner Deployment runs it, not the hub
+    assert service["timeout"] <= 5  # a tuner still starting does not hold up the hub
     with pytest.raises(ValuesError, match="TUNEHUB_TUNER_API_TOKEN"):
         tuner_service(hv, {})
 
