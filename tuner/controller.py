@@ -19,6 +19,7 @@ import socket
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -26,11 +27,11 @@ from sqlalchemy import select
 
 from tuner import metrics
 from tuner.backends._base import Backend, TrialEvent, TrialLaunch
-from tuner.db import Database, Sweep, Trial, TrialReport, utcnow
+from tuner.db import TRIAL_FINISHED, Database, Sweep, Trial, TrialReport, utcnow
 from tuner.errors import Conflict, NotFound, Unauthorized
 from tuner.settings import Settings
 from tuner.spec import SweepSpec
-from tuner.study import load_study
+from tuner.study import complete_params, load_study
 from tuner.sweeps import controller_alive, sweep_dir, tell_quietly
 from tuner.trial import (
     ENV_API_URL,
@@ -262,21 +263,25 @@ class SweepController:
     def _ask(self) -> int:
         otrial = self.study.ask(self.spec.distributions())
         self.created += 1
-        workdir = self.dir / "trials" / str(otrial.number)
         with self.db.session() as s:
-            row = Trial(
-                sweep_id=self.sweep_id,
-                number=otrial.number,
-                optuna_trial_id=otrial._trial_id,
-                state="pending",
-                params=dict(otrial.params),
-                workdir=str(workdir),
-                log_path=str(workdir / "trial.log"),
-                artifact_dir=str(workdir / "artifacts"),
-            )
+            row = self._new_row(otrial.number, otrial._trial_id, dict(otrial.params))
             s.add(row)
             s.flush()
             return row.id
+
+    def _new_row(self, number: int, optuna_trial_id: int, params: dict[str, Any]) -> Trial:
+        """A pending trial with its own working directory under the sweep's."""
+        workdir = self.dir / "trials" / str(number)
+        return Trial(
+            sweep_id=self.sweep_id,
+            number=number,
+            optuna_trial_id=optuna_trial_id,
+            state="pending",
+            params=params,
+            workdir=str(workdir),
+            log_path=str(workdir / "trial.log"),
+            artifact_dir=str(workdir / "artifacts"),
+        )
 
     async def _launch(self, trial_id: int) -> None:
         token = secrets.token_urlsafe(32)
@@ -455,22 +460,30 @@ class SweepController:
         self.created = len(otrials)
         by_number = {t.number: t for t in otrials}
         with self.db.session() as s:
+            known = {number: (state, value) for number, state, value in s.execute(
+                select(Trial.number, Trial.state, Trial.value)
+                .where(Trial.sweep_id == self.sweep_id)
+            )}
+        # Optuna writes through its own connection, so everything it is told happens outside
+        # our write transaction (SQLite has one writer: inside it, Optuna would wait on us).
+        # Finished on our side but not told (the controller died in between): tell it now.
+        for number, (state, value) in known.items():
+            ot = by_number.get(number)
+            if state in TRIAL_FINISHED and ot is not None and ot.state == TrialState.RUNNING:
+                told = {"completed": TrialState.COMPLETE, "pruned": TrialState.PRUNED}
+                tell_quietly(self.study, number, told.get(state, TrialState.FAIL), value)
+        # Asked from Optuna but the row was never written (the controller died inside ask):
+        # adopt it as a pending trial with its parameters completed.
+        orphans = {
+            ot.number: complete_params(self.study, ot._trial_id, self.spec.distributions())
+            for ot in otrials
+            if ot.number not in known and ot.state == TrialState.RUNNING
+        }
+        with self.db.session() as s:
             rows = list(s.scalars(select(Trial).where(Trial.sweep_id == self.sweep_id)))
-            known = {row.number for row in rows}
-            # Asked from Optuna but the row was never written: adopt it as a pending trial.
             for ot in otrials:
-                if ot.number not in known and ot.state == TrialState.RUNNING:
-                    workdir = self.dir / "trials" / str(ot.number)
-                    row = Trial(
-                        sweep_id=self.sweep_id,
-                        number=ot.number,
-                        optuna_trial_id=ot._trial_id,
-                        state="pending",
-                        params=dict(ot.params),
-                        workdir=str(workdir),
-                        log_path=str(workdir / "trial.log"),
-                        artifact_dir=str(workdir / "artifacts"),
-                    )
+                if ot.number in orphans:
+                    row = self._new_row(ot.number, ot._trial_id, orphans[ot.number])
                     s.add(row)
                     rows.append(row)
             s.flush()
@@ -478,13 +491,7 @@ class SweepController:
             expected: list[_Running] = []
             for row in rows:
                 ot = by_number.get(row.number)
-                if row.state in ("completed", "pruned", "failed", "cancelled"):
-                    if ot is not None and ot.state == TrialState.RUNNING:
-                        state = {
-                            "completed": TrialState.COMPLETE,
-                            "pruned": TrialState.PRUNED,
-                        }.get(row.state, TrialState.FAIL)
-                        tell_quietly(self.study, row.number, state, row.value)
+                if row.state in TRIAL_FINISHED:
                     continue
                 if ot is not None and ot.state.is_finished():
                     row.state = {

@@ -10,6 +10,12 @@ import functools
 import importlib.util
 
 import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
 from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.storages import RDBStorage
@@ -99,3 +105,22 @@ def load_study(spec: SweepSpec, study_name: str, url: str) -> optuna.Study:
         sampler=make_sampler(spec),
         pruner=make_pruner(spec),
     )
+
+
+def complete_params(
+    study: optuna.Study, trial_id: int, distributions: dict[str, BaseDistribution]
+) -> dict[str, object]:
+    """The parameters of a trial Optuna created but did not finish suggesting for (its
+    controller died inside ``study.ask``): the missing ones are suggested now, the way
+    ``ask`` would have, so the trial keeps its number and runs with a full set."""
+    trial = optuna.trial.Trial(study, trial_id)
+    for name, dist in distributions.items():
+        if isinstance(dist, FloatDistribution):
+            trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
+        elif isinstance(dist, IntDistribution):
+            trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+        elif isinstance(dist, CategoricalDistribution):
+            trial.suggest_categorical(name, dist.choices)
+        else:
+            raise TypeError(f"{name}: unsupported distribution {dist!r}")
+    return dict(trial.params)
