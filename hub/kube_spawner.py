@@ -17,25 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jupyterhub.spawner import SpawnException
 from kubespawner import KubeSpawner
 from traitlets import Bool, Dict, Int, List, Unicode
+
+from hub.spawn_refused import SpawnRefused
 
 #: Events after which a pending pod may still get a node (cluster autoscaler, preemption).
 _HOPEFUL_REASONS = {"TriggeredScaleUp", "Scheduled", "Preempted", "Pulling", "Pulled"}
 
 
-class SpawnRefused(SpawnException):
-    """A spawn that cannot work. As a JupyterHub ``SpawnException`` it is a refusal, not a hub
-    error: the REST API answers 400 with the message (not 500), the spawn page shows the message
-    as it is, the log gets one line instead of a traceback, and it does not count toward
-    ``Spawner.consecutive_failure_limit`` (which would restart the hub)."""
-
-    def __init__(self, message: str, *, reason: str = "capacity") -> None:
-        super().__init__(message, reason=reason)
-
-    def __str__(self) -> str:  # JupyterHub shows str() on the spawn page: not "HTTP 400: ..."
-        return self.message
 
 
 def largest(gpu_types: list[dict[str, Any]]) -> dict[str, Any] | None:

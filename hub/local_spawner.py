@@ -23,11 +23,8 @@ from typing import Any
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Dict, List, Unicode, default
 
+from hub.spawn_refused import SpawnRefused
 from tuner.backends.gpus import GpuPool, discover_gpus
-
-
-class SpawnRefused(Exception):
-    """A spawn that cannot work; the message is shown on the spawn page."""
 
 
 def default_profiles(gpu_count: int) -> list[dict[str, Any]]:

@@ -1,0 +1,21 @@
+"""The one exception both spawners raise when a spawn cannot work.
+
+Why a ``SpawnException``: JupyterHub treats it as a refusal, not a hub error: the REST API answers
+400 with the message (not 500), the spawn page shows the message as it is, the log gets one line
+instead of a traceback, and it does not count toward ``Spawner.consecutive_failure_limit`` (which
+would restart the hub).
+"""
+
+from __future__ import annotations
+
+from jupyterhub.spawner import SpawnException
+
+
+class SpawnRefused(SpawnException):
+    """A spawn that cannot work, with the reason the user reads."""
+
+    def __init__(self, message: str, *, reason: str = "capacity") -> None:
+        super().__init__(message, reason=reason)
+
+    def __str__(self) -> str:  # JupyterHub shows str() on the spawn page: not "HTTP 400: ..."
+        return self.message
