@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hub.busy_activity import ENV_INTERVAL as BUSY_CHECK_ENV
+
 ENV_API_URL = "TUNEHUB_API_URL"
 ENV_DATA = "TUNEHUB_DATA"
 
@@ -29,6 +31,9 @@ def notebook_environment(
     env = {ENV_API_URL: api_url, ENV_DATA: data_path}
     if activity_interval:
         env["JUPYTERHUB_ACTIVITY_INTERVAL"] = str(activity_interval)
+        # A busy kernel is noticed as often as activity is reported: with a slower check, a
+        # short GPU idle timeout could cull a server in the middle of a long cell.
+        env[BUSY_CHECK_ENV] = str(activity_interval)
     return env
 
 
