@@ -207,6 +207,7 @@ def configure_kubespawner(c: Any, values: dict[str, Any] | None = None) -> None:
     # server extension among them (hub.notebook.SINGLEUSER_ARGS): name the command.
     ks.cmd = [SINGLEUSER_COMMAND]
     ks.start_timeout = int(nb["startTimeout"])
+    ks.unschedulable_timeout = int(nb["unschedulableTimeout"])
     ks.http_timeout = 120
     ks.events_enabled = True  # scheduling and image-pull events on the spawn progress page
     ks.priority_class_name = names["notebookPriorityClass"]

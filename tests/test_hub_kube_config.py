@@ -158,6 +158,7 @@ def test_gpu_example_gives_the_kubespawner_settings_it_describes(
     assert profiles["a100-2"]["image"] == "registry.example.com/tunehub/notebook:0.1.0-tf2.17"
     assert profiles["t4-1"]["mem_limit"] == 16 * 2**30
     assert profiles["cpu"]["environment"] == {"NVIDIA_VISIBLE_DEVICES": "none"}
+    assert c.TunehubKubeSpawner.unschedulable_timeout == 120
     # The hub talks to the chart's proxy and is reachable at its Service.
     assert c.ConfigurableHTTPProxy.should_start is False
     assert c.ConfigurableHTTPProxy.api_url == "http://tunehub-proxy-api:8001"
