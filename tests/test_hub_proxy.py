@@ -1,5 +1,7 @@
 """The proxy ``tunehub up`` runs (``python -m hub.proxy``) passes the websocket subprotocol the
-backend chose back to the client, as browsers require (JupyterLab's kernel connections)."""
+backend chose back to the client, as browsers require (JupyterLab's kernel connections), streams
+answers as they come (the spawn progress page), and does not queue requests behind a handful of
+slow ones (many users at once)."""
 
 from __future__ import annotations
 
@@ -28,11 +30,45 @@ class Echo(tornado.websocket.WebSocketHandler):
         self.write_message(message, binary=isinstance(message, bytes))
 
 
+class Stream(tornado.web.RequestHandler):
+    """Sends a first part at once and the rest when the test releases it."""
+
+    async def get(self) -> None:
+        self.set_header("Content-Type", "text/event-stream")
+        self.write("data: first\n\n")
+        await self.flush()
+        await self.settings["release"].wait()
+        self.write("data: second\n\n")
+
+
+class Gate(tornado.web.RequestHandler):
+    """Answers only once ``GATE`` requests are waiting here at the same time."""
+
+    async def get(self) -> None:
+        self.settings["arrived"].append(1)
+        if len(self.settings["arrived"]) >= GATE:
+            self.settings["all_in"].set()
+        await self.settings["all_in"].wait()
+        self.write("through")
+
+
+GATE = 15  # more than tornado's default client allows in flight (10)
+
+
 @pytest.fixture
-async def proxied() -> AsyncIterator[str]:
-    """A websocket echo backend behind a running ``hub.proxy``; yields the proxied ws URL."""
+async def backend() -> tornado.web.Application:
+    return tornado.web.Application(
+        [(r"/svc/echo", Echo), (r"/svc/stream", Stream), (r"/svc/gate", Gate)],
+        release=asyncio.Event(), all_in=asyncio.Event(), arrived=[],
+    )
+
+
+@pytest.fixture
+async def proxied(backend: tornado.web.Application) -> AsyncIterator[str]:
+    """The test backend behind a running ``hub.proxy``; yields the proxied ws URL of the
+    echo handler (its siblings are beside it)."""
     backend_port, port, api_port = free_port(), free_port(), free_port()
-    server = tornado.web.Application([(r"/svc/echo", Echo)]).listen(backend_port, "127.0.0.1")
+    server = backend.listen(backend_port, "127.0.0.1")
     token = "proxy-test-token"
     proc = subprocess.Popen(
         [sys.executable, "-m", "hub.proxy", "--ip", "127.0.0.1", "--port", str(port),
@@ -81,3 +117,25 @@ async def test_websocket_without_subprotocol_still_connects(proxied: str) -> Non
         assert await asyncio.wait_for(conn.read_message(), 30) == "hello"
     finally:
         conn.close()
+
+
+async def test_answers_stream_through_as_the_backend_sends_them(
+    proxied: str, backend: tornado.web.Application
+) -> None:
+    url = proxied.replace("ws://", "http://").replace("/echo", "/stream")
+    async with httpx.AsyncClient(timeout=30) as http, http.stream("GET", url) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "text/event-stream"
+        chunks = r.aiter_text()
+        # The backend has not finished (it waits for us): a buffering proxy sends nothing yet.
+        assert await asyncio.wait_for(anext(chunks), 30) == "data: first\n\n"
+        backend.settings["release"].set()
+        rest = "".join([chunk async for chunk in chunks])
+    assert rest == "data: second\n\n"
+
+
+async def test_many_slow_requests_are_in_flight_at_once(proxied: str) -> None:
+    url = proxied.replace("ws://", "http://").replace("/echo", "/gate")
+    async with httpx.AsyncClient(timeout=60) as http:
+        answers = await asyncio.gather(*(http.get(url) for _ in range(GATE)))
+    assert [(r.status_code, r.text) for r in answers] == [(200, "through")] * GATE
