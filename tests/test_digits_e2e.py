@@ -33,6 +33,8 @@ def served(home: Home) -> Iterator[str]:
     """``tunehub model serve digits`` on a free port, after a demo sweep registered it."""
     demo = home.cli("demo", "--trials", "3", "--json", timeout=900)
     assert demo.returncode == 0, demo.stdout + demo.stderr
+    # TensorFlow's import chatter (the warm-start process imports it) stays off the terminal.
+    assert "oneDNN" not in demo.stderr and "absl" not in demo.stderr, demo.stderr
     port = free_port()
     proc = home.popen("model", "serve", "digits", "--port", str(port))
     url = f"http://127.0.0.1:{port}/v1/models/digits"

@@ -106,13 +106,30 @@ def _run_child(request: dict[str, Any], sock: socket.socket) -> None:
             os._exit(code)
 
 
+def _preload(modules: list[str]) -> None:
+    """Import ``modules`` with file descriptor 2 silenced: TensorFlow's import chatter (oneDNN,
+    absl) would otherwise land on the terminal of whoever runs the sweep. A module that fails to
+    import is skipped; the trial that needs it reports the error in its own log."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    sys.stderr.flush()
+    os.dup2(devnull, 2)
+    try:
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                pass
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def serve(fd: int, preload: list[str]) -> None:
     _die_with_parent()
-    for module in preload:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            pass
+    _preload(preload)
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
