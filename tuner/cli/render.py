@@ -84,15 +84,17 @@ async def progress_until(
         transient=False,
     ) as bar:
         bar_id = bar.add_task(f"sweep {first['id']}", total=first["trials"], status="")
-        while not task.done():
-            s = read()
-            done = s["completed"] + s["pruned"] + s["failed"]
+
+        def show(s: dict[str, Any]) -> None:
             status = (
                 f"best {_fmt(s['best_value'])}  ok {s['completed']}  pruned {s['pruned']}"
                 f"  failed {s['failed']}"
             )
-            bar.update(bar_id, completed=done, status=status)
+            bar.update(bar_id, completed=s["completed"] + s["pruned"] + s["failed"],
+                       status=status)
+
+        while not task.done():
+            show(read())
             await asyncio.wait([task], timeout=0.5)
-        s = read()
-        bar.update(bar_id, completed=s["completed"] + s["pruned"] + s["failed"])
+        show(read())  # the final counts, as the summary below gives them
     await task
