@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,35 @@ for step in range(1, 200):
     assert {t["state"] for t in shown["trials_detail"]} == {"cancelled"}
     again = sqlite_home.cli("sweep", "cancel", str(out["id"]))
     assert "already cancelled" in _one_line_error(again)
+
+
+# Run the CLI with the hub extra's packages unimportable, as after `pip install tunehub`.
+WITHOUT_HUB_EXTRA = """
+import sys
+from importlib.abc import MetaPathFinder
+
+class NotInstalled(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"jupyterhub", "traitlets", "kubespawner", "jupyterlab"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+from tuner.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_sweeps_need_no_hub_extra(sqlite_home: Home, tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", WITHOUT_HUB_EXTRA, *args],
+                              env=sqlite_home.env, capture_output=True, text=True, timeout=300)
+
+    spec = write_sweep(tmp_path / "code", "import tuner\ntuner.report(tuner.params()['x'])\n",
+                       trials=2)
+    out = cli("sweep", "run", str(spec), "--wait", "--json")
+    assert out.returncode == 0, out.stderr
+    assert parse_json(out.stdout)["completed"] == 2
+    up = cli("up")
+    assert _one_line_error(up) == ("tunehub: error: tunehub up needs the hub extra (missing "
+                                   "module 'traitlets'): pip install 'tunehub[hub]'")

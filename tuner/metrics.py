@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import tornado.web
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 SWEEPS_SUBMITTED = Counter("tunehub_sweeps_submitted_total", "Sweeps submitted", ["backend"])
 SWEEPS_FINISHED = Counter("tunehub_sweeps_finished_total", "Sweeps finished", ["state"])
@@ -13,3 +14,11 @@ REPORTS = Counter("tunehub_trial_reports_total", "Intermediate values reported b
 API_REQUESTS = Histogram(
     "tunehub_api_request_seconds", "Tuner API request latency", ["method", "route", "status"]
 )
+
+
+class MetricsHandler(tornado.web.RequestHandler):
+    """Prometheus scrape endpoint of a tunehub process (no user data, no auth)."""
+
+    def get(self) -> None:
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest())

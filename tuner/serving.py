@@ -14,9 +14,10 @@ import time
 from typing import Any
 
 import tornado.web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import Counter, Histogram
 
 from tuner.errors import NotFound
+from tuner.metrics import MetricsHandler
 from tuner.registry import Registry
 
 STAGE_TTL = 2.0
@@ -184,12 +185,6 @@ class StatusHandler(_Handler):
             for r in rows
         ]
         self.finish(json.dumps({"model_version_status": status}))
-
-
-class MetricsHandler(tornado.web.RequestHandler):
-    def get(self) -> None:
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(generate_latest())
 
 
 def make_app(registry: Registry, model: str) -> tornado.web.Application:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 from tuner.backends import make_backend
@@ -25,6 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     if not EXAMPLE.exists():
         raise CliError(f"the digits example is missing ({EXAMPLE}); run from a source checkout")
+    missing = [m for m in ("tensorflow", "sklearn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CliError(f"tunehub demo trains Keras models on scikit-learn's digits (missing "
+                       f"{', '.join(missing)}): pip install 'tunehub[tf]'")
     spec = SweepSpec.from_yaml(EXAMPLE)
     if args.trials is not None:
         if args.trials < 1:

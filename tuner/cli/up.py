@@ -93,7 +93,11 @@ def ensure_admin(accounts_file: Path, reset: bool) -> str | None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from hub.options import TunehubHub
+    try:
+        from hub.options import TunehubHub
+    except ModuleNotFoundError as exc:
+        raise CliError(f"tunehub up needs the hub extra (missing module {exc.name!r}): "
+                       "pip install 'tunehub[hub]'") from None
     from tuner.settings import load_settings
 
     if not args.config.is_file():
