@@ -73,7 +73,8 @@ class TunehubProxyHandler(ProxyHandler):
 
         def on_chunk(chunk: bytes) -> None:
             self.write(chunk)
-            self.flush()
+            # If our client has gone, the flush fails; that is not an error worth a log line.
+            self.flush().add_done_callback(lambda done: done.exception())
 
         request.header_callback = on_header
         request.streaming_callback = on_chunk
