@@ -76,8 +76,10 @@ for step in range(1, 200):
         return shown if shown["state"] == "cancelled" else None
 
     shown = wait_for(cancelled, what="the sweep to be cancelled")
-    assert len(shown["trials_detail"]) == 2
+    # The two that ran, and the one the controller had asked ahead for the next free slot.
+    assert len(shown["trials_detail"]) == 3
     assert {t["state"] for t in shown["trials_detail"]} == {"cancelled"}
+    assert sorted(t["attempts"] for t in shown["trials_detail"]) == [0, 1, 1]
     again = sqlite_home.cli("sweep", "cancel", str(out["id"]))
     assert "already cancelled" in _one_line_error(again)
 

@@ -163,6 +163,7 @@ class SweepController:
         self.events: asyncio.Queue[TrialEvent | None] = asyncio.Queue()
         self.running: dict[int, _Running] = {}
         self.relaunch: deque[int] = deque()  # trial ids waiting for their next attempt
+        self.ready: int | None = None  # a trial asked ahead, waiting for a free slot
         self.created = 0
         self.cancel_requested = False
         with self.db.session() as s:
@@ -221,7 +222,8 @@ class SweepController:
                     await self._cancel_running()
                     break
                 await self._fill()
-                if not self.running and not self.relaunch and self.created >= self.spec.trials:
+                if (not self.running and not self.relaunch and self.ready is None
+                        and self.created >= self.spec.trials):
                     break
                 try:
                     event = await asyncio.wait_for(self.events.get(), timeout=WAKE_SECONDS)
@@ -248,17 +250,35 @@ class SweepController:
                 if sweep.state == "cancelling" and not self.cancel_requested:
                     self.request_cancel()
 
+    async def _start_ready(self) -> None:
+        """Start the trial asked ahead in the slot that just freed, before the bookkeeping of
+        the trial that freed it: the slot idles for a launch, not for a database round."""
+        if (self.ready is not None and not self.cancel_requested
+                and len(self.running) < self.spec.parallelism
+                and self.backend.can_launch(self.spec.resources)):
+            trial_id, self.ready = self.ready, None
+            await self._launch(trial_id)
+
     async def _fill(self) -> None:
         while len(self.running) < self.spec.parallelism and not self.cancel_requested:
-            if not self.relaunch and self.created >= self.spec.trials:
+            if not self.relaunch and self.ready is None and self.created >= self.spec.trials:
                 return
             if not self.backend.can_launch(self.spec.resources):
                 return
             if self.relaunch:
                 trial_id = self.relaunch.popleft()
+            elif self.ready is not None:
+                trial_id, self.ready = self.ready, None
             else:
                 trial_id = self._ask()
             await self._launch(trial_id)
+        # Every slot busy: ask for the next trial now, while they run, so the slot the next
+        # finished trial frees starts at once instead of waiting for the sampler (the trial is
+        # a pending row: cancel cancels it, resume launches it).
+        if (len(self.running) >= self.spec.parallelism and self.ready is None
+                and not self.relaunch and not self.cancel_requested
+                and self.created < self.spec.trials):
+            self.ready = self._ask()
 
     def _ask(self) -> int:
         otrial = self.study.ask(self.spec.distributions())
@@ -400,6 +420,7 @@ class SweepController:
         del self.running[event.trial_id]
         self.engine._track(event.trial_id, None)
         metrics.TRIALS_RUNNING.dec()
+        await self._start_ready()
         value = rt.final_value if rt.final_value is not None else rt.last_value
         if rt.pruned:
             self._finish_trial(rt, "pruned", rt.last_value, f"pruned at step {rt.last_step}")
