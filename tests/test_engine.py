@@ -135,3 +135,15 @@ if p["x"] > 0.5:
     reasons = {t["params"]["x"]: t["reason"] for t in out["trials_detail"]}
     assert "timed out after 2s" in reasons[0.9]
     assert "without reporting score" in reasons[0.1]
+
+
+def test_home_inside_the_code_directory_is_not_snapshotted(tmp_path: Path) -> None:
+    """A project keeping its tunehub state in the project (TUNEHUB_HOME=./.tunehub): the code
+    snapshot leaves the state out (copying the home into itself never ended)."""
+    code = tmp_path / "project"
+    home = Home(code / ".tunehub", f"sqlite:///{code / '.tunehub' / 'tunehub.sqlite'}")
+    spec = write_sweep(code, "import tuner\ntuner.report(tuner.params()['x'])\n", trials=2)
+    out = parse_json(home.cli("sweep", "run", str(spec), "--wait", "--json", check=True).stdout)
+    assert out["completed"] == 2
+    snapshot = code / ".tunehub" / "sweeps" / str(out["id"]) / "code"
+    assert sorted(p.name for p in snapshot.iterdir()) == ["sweep.yaml", "train.py"]

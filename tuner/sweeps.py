@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +29,20 @@ CODE_SNAPSHOT_LIMIT = 100 * 1024 * 1024
 _SNAPSHOT_IGNORE = shutil.ignore_patterns(
     ".git", "__pycache__", "*.pyc", ".venv", "venv", "tunehub-artifacts", ".ipynb_checkpoints"
 )
+
+
+def _snapshot_ignore(settings: Settings) -> Callable[[str, list[str]], set[str]]:
+    """What a code snapshot leaves out (a ``shutil.copytree`` ignore): version control, caches,
+    virtualenvs, and tunehub's own state (home, data store, registry) when it lies inside the
+    code directory. Copying the home into a snapshot inside that home would never end."""
+    state = {p.resolve() for p in (settings.home, settings.data, settings.registry)}
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        skipped = set(_SNAPSHOT_IGNORE(directory, names))
+        skipped.update(n for n in names if (Path(directory) / n).resolve() in state)
+        return skipped
+
+    return ignore
 HEARTBEAT_STALE = timedelta(seconds=30)
 
 
@@ -93,8 +108,9 @@ class SweepStore:
         code = Path(spec.code) if spec.code else None
         if code is not None and not code.is_dir():
             raise SpecError("code", f"{code} is not a directory")
+        ignore = _snapshot_ignore(self.settings)
         if code is not None:
-            size = _tree_size(code)
+            size = _tree_size(code, ignore)
             if size > CODE_SNAPSHOT_LIMIT:
                 raise SpecError(
                     "code",
@@ -120,7 +136,7 @@ class SweepStore:
                 s.flush()
                 target = sweep_dir(self.settings, sweep.id)
                 if code is not None:
-                    shutil.copytree(code, target / "code", ignore=_SNAPSHOT_IGNORE, symlinks=True)
+                    shutil.copytree(code, target / "code", ignore=ignore, symlinks=True)
                 else:
                     (target / "code").mkdir(parents=True, exist_ok=True)
                 for name, data in (files or {}).items():
@@ -249,11 +265,15 @@ def tell_quietly(
         study.tell(number, state=state, skip_if_finished=True)
 
 
-def _tree_size(root: Path) -> int:
+def _tree_size(root: Path, ignore: Callable[[str, list[str]], set[str]]) -> int:
+    """Bytes a snapshot of ``root`` would copy."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in {".git", ".venv", "venv", "__pycache__"}]
+        skipped = ignore(dirpath, [*dirnames, *filenames])
+        dirnames[:] = [d for d in dirnames if d not in skipped]
         for name in filenames:
+            if name in skipped:
+                continue
             try:
                 total += (Path(dirpath) / name).lstat().st_size
             except OSError:
