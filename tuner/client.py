@@ -18,6 +18,7 @@ import httpx
 
 from tuner.errors import Conflict, Forbidden, NotFound, TunehubError, Unauthorized
 from tuner.spec import SpecError, SweepSpec
+from tuner.study import OPTUNA_STATES
 
 FINISHED = ("completed", "failed", "cancelled")
 _ERRORS: dict[int, type[TunehubError]] = {
@@ -247,12 +248,8 @@ class Sweep:
         spec = SweepSpec.from_dict(self._data["spec"])
         study = optuna.create_study(direction=spec.direction)
         dists = spec.distributions()
-        states = {
-            "completed": optuna.trial.TrialState.COMPLETE,
-            "pruned": optuna.trial.TrialState.PRUNED,
-        }
         for t in self.trial_list():
-            if t["state"] not in states or t["value"] is None:
+            if t["state"] not in OPTUNA_STATES or t["value"] is None:
                 continue
             params = {k: v for k, v in t["params"].items() if k in dists}
             study.add_trial(
@@ -263,7 +260,7 @@ class Sweep:
                     intermediate_values={
                         r["step"]: r["value"] for r in t.get("intermediate_values") or []
                     },
-                    state=states[t["state"]],
+                    state=OPTUNA_STATES[t["state"]],
                 )
             )
         figures: dict[str, Any] = {

@@ -31,7 +31,7 @@ from tuner.db import TRIAL_FINISHED, Database, Sweep, Trial, TrialReport, utcnow
 from tuner.errors import Conflict, NotFound, Unauthorized
 from tuner.settings import Settings
 from tuner.spec import SweepSpec
-from tuner.study import complete_params, load_study
+from tuner.study import complete_params, load_study, optuna_state, our_state
 from tuner.sweeps import controller_alive, sweep_dir, tell_quietly
 from tuner.trial import (
     ENV_API_URL,
@@ -461,11 +461,7 @@ class SweepController:
             else:
                 sweep.n_failed += 1
         metrics.TRIALS_FINISHED.labels(state).inc()
-        optuna_state = {
-            "completed": TrialState.COMPLETE,
-            "pruned": TrialState.PRUNED,
-        }.get(state, TrialState.FAIL)
-        tell_quietly(self.study, rt.number, optuna_state, value)
+        tell_quietly(self.study, rt.number, optuna_state(state), value)
 
     def _better(self, value: float, best: float | None) -> bool:
         if best is None:
@@ -491,8 +487,7 @@ class SweepController:
         for number, (state, value) in known.items():
             ot = by_number.get(number)
             if state in TRIAL_FINISHED and ot is not None and ot.state == TrialState.RUNNING:
-                told = {"completed": TrialState.COMPLETE, "pruned": TrialState.PRUNED}
-                tell_quietly(self.study, number, told.get(state, TrialState.FAIL), value)
+                tell_quietly(self.study, number, optuna_state(state), value)
         # Asked from Optuna but the row was never written (the controller died inside ask):
         # adopt it as a pending trial with its parameters completed.
         orphans = {
@@ -515,10 +510,7 @@ class SweepController:
                 if row.state in TRIAL_FINISHED:
                     continue
                 if ot is not None and ot.state.is_finished():
-                    row.state = {
-                        TrialState.COMPLETE: "completed",
-                        TrialState.PRUNED: "pruned",
-                    }.get(ot.state, "failed")
+                    row.state = our_state(ot.state)
                     row.value = ot.value if ot.value is not None else row.value
                     row.finished_at = row.finished_at or utcnow()
                     continue

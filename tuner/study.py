@@ -81,6 +81,21 @@ def make_pruner(spec: SweepSpec) -> BasePruner:
     return optuna.pruners.NopPruner()
 
 
+#: Our finished trial states that Optuna has a state of its own for; any other is FAIL to it.
+OPTUNA_STATES = {"completed": optuna.trial.TrialState.COMPLETE,
+                 "pruned": optuna.trial.TrialState.PRUNED}
+
+
+def optuna_state(state: str) -> optuna.trial.TrialState:
+    """What Optuna is told for a trial that ended in our ``state``."""
+    return OPTUNA_STATES.get(state, optuna.trial.TrialState.FAIL)
+
+
+def our_state(state: optuna.trial.TrialState) -> str:
+    """Our state for a trial Optuna finished as ``state``."""
+    return next((ours for ours, theirs in OPTUNA_STATES.items() if theirs == state), "failed")
+
+
 @functools.lru_cache(maxsize=8)
 def storage_for(url: str) -> RDBStorage:
     """One RDBStorage per database URL per process (it owns a connection pool)."""
