@@ -616,9 +616,10 @@ class SweepController:
                     Trial.sweep_id == self.sweep_id, Trial.state.in_(("pending", "running"))
                 )
             )
+            cancelled = []
             for row in pending:
                 row.state, row.reason, row.finished_at = "cancelled", "sweep cancelled", utcnow()
-                tell_quietly(self.study, row.number, TrialState.FAIL)
+                cancelled.append(row.number)
             sweep = s.get(Sweep, self.sweep_id)
             assert sweep is not None
             if self.cancel_requested:
@@ -630,6 +631,9 @@ class SweepController:
             sweep.finished_at = utcnow()
             sweep.controller_pid = None
             state = sweep.state
+        # After our commit: Optuna writes through its own connection (SQLite has one writer).
+        for number in cancelled:
+            tell_quietly(self.study, number, TrialState.FAIL)
         if state == "completed" and self.spec.promote is not None:
             self._register_best()
         await self.backend.cleanup(self.sweep_id)
