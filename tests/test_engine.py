@@ -131,7 +131,7 @@ if p["x"] > 0.5:
     proc = sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json")
     assert proc.returncode == 1  # no trial completed
     out = parse_json(proc.stdout)
-    assert out["state"] == "failed" and out["reason"] == "no trial completed"
+    assert out["state"] == "failed" and out["reason"].startswith("no trial completed; ")
     reasons = {t["params"]["x"]: t["reason"] for t in out["trials_detail"]}
     assert "timed out after 2s" in reasons[0.9]
     assert "without reporting score" in reasons[0.1]

@@ -225,6 +225,12 @@ class Sweep:
                 time.sleep(interval)  # refresh interval of a progress display
                 self.refresh()
         self._show_leaderboard()
+        d = self._data
+        if d.get("cold_start"):
+            print(f"note: trials start cold: {d['cold_start']}")
+        if d["state"] in ("failed", "cancelled") and d.get("reason"):
+            # Why, in front of the user: for a failed sweep the failing trial's last lines.
+            print(f"sweep {self.id} {d['state']}: {d['reason']}")
         return self
 
     def _show_leaderboard(self) -> None:

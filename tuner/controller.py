@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 from sqlalchemy import select
 
 from tuner import metrics
-from tuner.backends._base import Backend, TrialEvent, TrialLaunch
+from tuner.backends._base import COLD, Backend, TrialEvent, TrialLaunch
 from tuner.db import TRIAL_FINISHED, Database, Sweep, Trial, TrialReport, utcnow
 from tuner.errors import Conflict, NotFound, Unauthorized
 from tuner.settings import Settings
@@ -133,13 +133,14 @@ class Engine:
         return True
 
     def report(
-        self, trial_id: int, token: str, attempt: int, value: float, step: int | None
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool = False,
     ) -> bool:
         """A trial's report; returns whether the trial should be pruned."""
         controller = self._by_trial.get(trial_id)
         if controller is None:
             raise NotFound(f"trial {trial_id} is not running")
-        return controller.report(trial_id, token, attempt, value, step)
+        return controller.report(trial_id, token, attempt, value, step, last)
 
     def _track(self, trial_id: int, controller: SweepController | None) -> None:
         if controller is None:
@@ -166,11 +167,17 @@ class SweepController:
         self.ready: int | None = None  # a trial asked ahead, waiting for a free slot
         self.created = 0
         self.cancel_requested = False
+        # Set when the sweep stops itself (too many failed trials): why, for the user.
+        self.stop_reason: str | None = None
+        self.n_failed = 0
+        self.last_failure: str | None = None  # "trial N: reason" + its log's last lines
+        self.cold_start: str | None = None
         with self.db.session() as s:
             sweep = s.get(Sweep, sweep_id)
             if sweep is None:
                 raise NotFound(f"sweep {sweep_id} not found")
             self.owner = sweep.owner
+            self.cold_start = sweep.cold_start
             self.name = sweep.name
             self.study_name = sweep.study_name
             self.code_dir = Path(sweep.code_dir) if sweep.code_dir else None
@@ -218,7 +225,7 @@ class SweepController:
         try:
             await self._recover()
             while True:
-                if self.cancel_requested:
+                if self.cancel_requested or self.stop_reason is not None:
                     await self._cancel_running()
                     break
                 await self._fill()
@@ -363,6 +370,7 @@ class SweepController:
                 priority=self.spec.priority,
                 owner=self.owner,
                 sweep_name=self.name,
+                preload=self.spec.preload,
             )
         )
 
@@ -381,7 +389,8 @@ class SweepController:
     # --- reports and events --------------------------------------------------------------
 
     def report(
-        self, trial_id: int, token: str, attempt: int, value: float, step: int | None
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool = False,
     ) -> bool:
         rt = self.running.get(trial_id)
         if rt is None or not secrets.compare_digest(hash_token(token), rt.token_hash):
@@ -407,7 +416,7 @@ class SweepController:
         rt.last_value, rt.last_step = value, step
         metrics.REPORTS.inc()
         rt.optuna_trial.report(value, step)
-        if rt.optuna_trial.should_prune():
+        if not last and rt.optuna_trial.should_prune():
             rt.pruned = True
         return rt.pruned
 
@@ -416,6 +425,7 @@ class SweepController:
         if rt is None or event.attempt != rt.attempt:
             return  # an old attempt's late news
         if event.kind == "started":
+            self._note_start(event.reason)
             return
         del self.running[event.trial_id]
         self.engine._track(event.trial_id, None)
@@ -439,6 +449,34 @@ class SweepController:
                 self.relaunch.append(rt.trial_id)
             else:
                 self._finish_trial(rt, "failed", None, reason)
+                self._check_failures(rt, reason)
+
+    def _note_start(self, how: str) -> None:
+        """A cold start is shown on the sweep (``sweep show``, the API) with its reason,
+        once: it makes every trial seconds slower, and nothing else would say so."""
+        cold = how if how.startswith(COLD) else None
+        if cold != self.cold_start:
+            self.cold_start = cold
+            with self.db.session() as s:
+                sweep = s.get(Sweep, self.sweep_id)
+                if sweep is not None:
+                    sweep.cold_start = cold
+
+    def _check_failures(self, rt: _Running, reason: str) -> None:
+        """Keep the last failure's cause for the user, and stop the sweep once
+        ``max_failed_trials`` trials have failed: a broken spec or script fails every trial
+        the same way, and running the rest only hides the cause under a count."""
+        with self.db.session() as s:
+            row = s.get(Trial, rt.trial_id)
+            log_path = Path(row.log_path) if row is not None and row.log_path else None
+        tail = log_tail(log_path) if log_path is not None else ""
+        self.last_failure = f"trial {rt.number}: {reason}" + (f"\n{tail}" if tail else "")
+        limit = self.spec.failure_limit()
+        if limit is not None and self.n_failed >= limit and self.stop_reason is None:
+            self.stop_reason = (
+                f"stopped after {self.n_failed} failed trials (max_failed_trials: {limit}); "
+                f"last failure, {self.last_failure}"
+            )
 
     def _finish_trial(
         self, rt: _Running, state: str, value: float | None, reason: str | None
@@ -458,8 +496,9 @@ class SweepController:
                     sweep.best_value, sweep.best_trial_number = value, rt.number
             elif state == "pruned":
                 sweep.n_pruned += 1
-            else:
+            elif state == "failed":  # a cancelled trial is no failure
                 sweep.n_failed += 1
+            self.n_failed = sweep.n_failed
         metrics.TRIALS_FINISHED.labels(state).inc()
         tell_quietly(self.study, rt.number, optuna_state(state), value)
 
@@ -591,8 +630,10 @@ class SweepController:
         sweep.n_completed = counts.get("completed", 0)
         sweep.n_pruned = counts.get("pruned", 0)
         sweep.n_failed = counts.get("failed", 0)
+        self.n_failed = sweep.n_failed
 
     async def _cancel_running(self) -> None:
+        why = "sweep cancelled" if self.stop_reason is None else "sweep stopped"
         running = list(self.running.values())
         for rt in running:
             await self.backend.cancel(rt.trial_id, rt.attempt)
@@ -606,7 +647,7 @@ class SweepController:
                 del self.running[event.trial_id]
                 self.engine._track(event.trial_id, None)
                 metrics.TRIALS_RUNNING.dec()
-                self._finish_trial(rt, "cancelled", None, "sweep cancelled")
+                self._finish_trial(rt, "cancelled", None, why)
         self.relaunch.clear()
 
     async def _finish(self) -> str:
@@ -617,15 +658,20 @@ class SweepController:
                 )
             )
             cancelled = []
+            why = "sweep cancelled" if self.stop_reason is None else "sweep stopped"
             for row in pending:
-                row.state, row.reason, row.finished_at = "cancelled", "sweep cancelled", utcnow()
+                row.state, row.reason, row.finished_at = "cancelled", why, utcnow()
                 cancelled.append(row.number)
             sweep = s.get(Sweep, self.sweep_id)
             assert sweep is not None
             if self.cancel_requested:
                 sweep.state, sweep.reason = "cancelled", "cancelled"
+            elif self.stop_reason is not None:
+                sweep.state, sweep.reason = "failed", self.stop_reason
             elif sweep.n_completed == 0:
-                sweep.state, sweep.reason = "failed", "no trial completed"
+                sweep.state, sweep.reason = "failed", "no trial completed" + (
+                    f"; last failure, {self.last_failure}" if self.last_failure else ""
+                )
             else:
                 sweep.state, sweep.reason = "completed", None
             sweep.finished_at = utcnow()
@@ -698,6 +744,24 @@ class SweepController:
             sweep = s.get(Sweep, self.sweep_id)
             if sweep is not None and sweep.controller_pid == os.getpid():
                 sweep.controller_pid = None
+
+
+LOG_TAIL_LINES = 8
+LOG_TAIL_BYTES = 16_384
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines a trial printed (tunehub's own header lines left out): usually the
+    traceback that says why it failed."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    kept = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("=== tunehub:")]
+    return "\n".join(kept[-lines:])
 
 
 def _json(value: object) -> str:

@@ -24,4 +24,6 @@ class ReportCallback(keras.callbacks.Callback):
         if self.metric not in logs:
             known = ", ".join(sorted(logs)) or "none"
             raise KeyError(f"metric {self.metric!r} is not in this epoch's logs (have: {known})")
-        report(float(logs[self.metric]), step=epoch + 1)
+        epochs = (self.params or {}).get("epochs")
+        last = isinstance(epochs, int) and epoch + 1 >= epochs
+        report(float(logs[self.metric]), step=epoch + 1, last=last)

@@ -10,6 +10,11 @@ SWEEPS_FINISHED = Counter("tunehub_sweeps_finished_total", "Sweeps finished", ["
 TRIALS_LAUNCHED = Counter("tunehub_trial_attempts_launched_total", "Trial attempts launched")
 TRIALS_FINISHED = Counter("tunehub_trials_finished_total", "Trials finished", ["state"])
 TRIALS_RUNNING = Gauge("tunehub_trials_running", "Trial attempts running now")
+TRIAL_STARTS = Counter(
+    "tunehub_trial_starts_total",
+    "Local trial attempts started, by warm (forked from a preloaded process) or cold",
+    ["mode"],
+)
 REPORTS = Counter("tunehub_trial_reports_total", "Intermediate values reported by trials")
 API_REQUESTS = Histogram(
     "tunehub_api_request_seconds", "Tuner API request latency", ["method", "route", "status"]

@@ -32,6 +32,7 @@ def sweep_view(sweep: Sweep) -> dict[str, Any]:
         "best_value": sweep.best_value,
         "best_trial": sweep.best_trial_number,
         "model_version_id": sweep.model_version_id,
+        "cold_start": sweep.cold_start,
         "created_at": _time(sweep.created_at),
         "started_at": _time(sweep.started_at),
         "finished_at": _time(sweep.finished_at),

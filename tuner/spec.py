@@ -29,10 +29,16 @@ PRIORITIES = ("low", "normal", "high")
 # forwarded to Optuna's constructor; anything else is a typo we can name.
 PRUNER_OPTIONS: dict[str, tuple[str, ...]] = {
     "none": (),
-    "median": ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials"),
-    "hyperband": ("min_resource", "max_resource", "reduction_factor", "bootstrap_count"),
-    "asha": ("min_resource", "reduction_factor", "min_early_stopping_rate", "bootstrap_count"),
+    "median": ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials",
+               "min_trials"),
+    "hyperband": ("min_resource", "max_resource", "reduction_factor", "bootstrap_count",
+                  "min_trials"),
+    "asha": ("min_resource", "reduction_factor", "min_early_stopping_rate", "bootstrap_count",
+             "min_trials"),
 }
+# ``min_trials`` is tunehub's, not Optuna's: no pruning decision at a step until that many
+# trials have reported there (see tuner.pruning).
+OUR_PRUNER_OPTIONS = ("min_trials",)
 
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 _ENV_ASSIGNMENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -116,6 +122,22 @@ class SweepSpec:
     seed: int | None = None
     code: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    # Modules the warm-start process imports before forking trials: "auto" follows the
+    # snapshot's import graph, "none" preloads nothing, or an explicit list.
+    preload: str | tuple[str, ...] = "auto"
+    # Stop the sweep once this many trials have failed (retries spent); None: the default
+    # (failure_limit), 0: never stop early.
+    max_failed_trials: int | None = None
+
+    def failure_limit(self) -> int | None:
+        """How many failed trials stop the sweep: ``max_failed_trials``, by default 3 or a
+        tenth of the trials, whichever is more (a broken spec stops within a few trials, a
+        large sweep tolerates the odd flaky one); None never stops it early."""
+        if self.max_failed_trials == 0:
+            return None
+        if self.max_failed_trials is not None:
+            return self.max_failed_trials
+        return max(3, math.ceil(self.trials / 10))
 
     @classmethod
     def from_dict(cls, data: Any, base_dir: str | Path | None = None) -> SweepSpec:
@@ -171,6 +193,8 @@ class SweepSpec:
             "seed": self.seed,
             "code": self.code,
             "env": dict(self.env),
+            "preload": self.preload if isinstance(self.preload, str) else list(self.preload),
+            "max_failed_trials": self.max_failed_trials,
         }
         return out
 
@@ -239,7 +263,7 @@ def parse_duration(value: Any, field_name: str = "trial_timeout") -> float | Non
 _TOP_FIELDS = {
     "name", "command", "metric", "direction", "trials", "parallelism", "sampler", "pruner",
     "space", "resources", "max_retries", "trial_timeout", "promote", "priority", "seed",
-    "code", "env",
+    "code", "env", "preload", "max_failed_trials",
 }
 _REQUIRED = ("name", "command", "metric", "space")
 
@@ -308,6 +332,10 @@ def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
         isinstance(k, str) and isinstance(v, str | int | float) for k, v in env.items()
     ):
         raise SpecError("env", "expected a mapping of variable names to strings")
+    preload = _preload(data.get("preload"))
+    max_failed = data.get("max_failed_trials")
+    if max_failed is not None:
+        max_failed = _int(data, "max_failed_trials", 0, minimum=0)
     return SweepSpec(
         name=name,
         command=command,
@@ -326,7 +354,27 @@ def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
         seed=seed,
         code=code,
         env={k: str(v) for k, v in env.items()},
+        preload=preload,
+        max_failed_trials=max_failed,
     )
+
+
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _preload(raw: Any) -> str | tuple[str, ...]:
+    if raw is None or raw == "auto":
+        return "auto"
+    if raw == "none" or raw == []:
+        return "none"
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(m, str) and _MODULE_RE.match(m)
+                                            for m in raw):
+        raise SpecError(
+            "preload", f"expected auto, none or a list of module names, got {raw!r}"
+        )
+    return tuple(raw)
 
 
 def _no_unknown(data: Mapping[str, Any], allowed: set[str], prefix: str) -> None:
@@ -476,6 +524,9 @@ def _pruner(raw: Any) -> PrunerSpec:
             raise SpecError(f"pruner.{key}", f"unknown option for {ptype}; expected {hint}")
         if key == "max_resource" and value == "auto":
             continue
+        if key == "min_trials" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < 1):
+            raise SpecError(f"pruner.{key}", f"expected an integer of at least 1, got {value!r}")
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise SpecError(f"pruner.{key}", f"expected a non-negative number, got {value!r}")
     return PrunerSpec(type=ptype, options=options)

@@ -21,7 +21,8 @@ from optuna.samplers import BaseSampler
 from optuna.storages import RDBStorage
 
 from tuner.db.engine import engine_kwargs
-from tuner.spec import SpecError, SweepSpec
+from tuner.pruning import EnoughTrialsPruner, default_min_trials
+from tuner.spec import OUR_PRUNER_OPTIONS, SpecError, SweepSpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -70,15 +71,23 @@ def make_sampler(spec: SweepSpec) -> BaseSampler:
 
 
 def make_pruner(spec: SweepSpec) -> BasePruner:
-    opts = dict(spec.pruner.options)
+    """Optuna's pruner for the spec, behind tunehub's two rules for small sweeps
+    (:mod:`tuner.pruning`)."""
+    opts = {k: v for k, v in spec.pruner.options.items() if k not in OUR_PRUNER_OPTIONS}
     kind = spec.pruner.type
+    inner: BasePruner
     if kind == "median":
-        return optuna.pruners.MedianPruner(**opts)
-    if kind == "hyperband":
-        return optuna.pruners.HyperbandPruner(**opts)
-    if kind == "asha":
-        return optuna.pruners.SuccessiveHalvingPruner(**opts)
-    return optuna.pruners.NopPruner()
+        inner = optuna.pruners.MedianPruner(**opts)
+    elif kind == "hyperband":
+        inner = optuna.pruners.HyperbandPruner(**opts)
+    elif kind == "asha":
+        inner = optuna.pruners.SuccessiveHalvingPruner(**opts)
+    else:
+        return optuna.pruners.NopPruner()
+    min_trials = spec.pruner.options.get("min_trials") or default_min_trials(kind, opts)
+    max_resource = opts.get("max_resource")
+    last_step = int(max_resource) if isinstance(max_resource, int | float) else None
+    return EnoughTrialsPruner(inner, int(min_trials), last_step)
 
 
 #: Our finished trial states that Optuna has a state of its own for; any other is FAIL to it.

@@ -68,9 +68,10 @@ def artifact_dir() -> Path:
     return path
 
 
-def report(value: float, step: int | None = None) -> None:
+def report(value: float, step: int | None = None, last: bool = False) -> None:
     """Report the sweep metric. With ``step`` it is an intermediate value (e.g. per epoch) the
-    pruner judges; the last reported value is the trial's result.
+    pruner judges; the last reported value is the trial's result. ``last=True`` says this is
+    the trial's final step: it is never pruned there (it has trained to the end).
 
     Raises :class:`Pruned` when the pruner says stop. A no-op outside a sweep.
     """
@@ -82,6 +83,8 @@ def report(value: float, step: int | None = None) -> None:
         "step": step,
         "attempt": int(os.environ.get(ENV_ATTEMPT, "1")),
     }
+    if last:
+        body["last"] = True
     answer = _post(f"trials/{os.environ[ENV_TRIAL_ID]}/report", body)
     if answer.get("prune"):
         raise Pruned(f"pruned at step {step}")

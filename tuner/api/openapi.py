@@ -199,6 +199,7 @@ def document(base_path: str) -> dict[str, Any]:
                             "failed": "integer",
                             "best_value": "number",
                             "best_trial": "integer",
+                            "cold_start": "string",
                         }.items()
                     },
                 },
@@ -244,6 +245,10 @@ def document(base_path: str) -> dict[str, Any]:
                         "value": {"type": "number"},
                         "step": {"type": "integer", "minimum": 0},
                         "attempt": {"type": "integer"},
+                        "last": {
+                            "type": "boolean",
+                            "description": "the trial's final step: never pruned there",
+                        },
                     },
                 },
             },

@@ -28,5 +28,10 @@ class ReportHandler(JsonHandler):
         attempt = body.get("attempt", 1)
         if isinstance(attempt, bool) or not isinstance(attempt, int):
             raise ApiError(400, f"attempt: expected an integer, got {attempt!r}", "attempt")
-        prune = self.engine.report(int(trial_id), auth[7:].strip(), attempt, float(value), step)
+        last = body.get("last", False)
+        if not isinstance(last, bool):
+            raise ApiError(400, f"last: expected true or false, got {last!r}", "last")
+        prune = self.engine.report(
+            int(trial_id), auth[7:].strip(), attempt, float(value), step, last=last
+        )
         self.send({"prune": prune})

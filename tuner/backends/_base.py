@@ -17,6 +17,9 @@ from tuner.spec import Resources, SweepSpec
 
 EventKind = Literal["started", "succeeded", "failed"]
 
+# How a "started" event's reason begins when the trial paid its imports itself.
+COLD = "cold start"
+
 
 @dataclass(frozen=True)
 class TrialLaunch:
@@ -36,6 +39,8 @@ class TrialLaunch:
     owner: str = ""
     sweep_name: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    # The spec's ``preload`` (warm starts of the local backend).
+    preload: str | tuple[str, ...] = "auto"
 
     @property
     def key(self) -> tuple[int, int]:

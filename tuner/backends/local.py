@@ -15,7 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
-from tuner.backends._base import Backend, TrialEvent, TrialLaunch
+from tuner import metrics
+from tuner.backends._base import COLD, Backend, TrialEvent, TrialLaunch
 from tuner.backends.gpus import GpuPool, discover_gpus
 from tuner.backends.warm import Zygote, preload_for
 from tuner.backends.zygote import warm_argv
@@ -133,8 +134,12 @@ class LocalBackend(Backend):
         launch.workdir.mkdir(parents=True, exist_ok=True)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = command_argv(launch.command)
+        warm = warm_argv(argv, sys.executable) if self.warm else None
+        start = self._start_note(launch, warm)
+        with open(launch.log_path, "a") as fh:
+            fh.write(f"=== tunehub: {start} ===\n")
+        metrics.TRIAL_STARTS.labels("warm" if warm is not None else "cold").inc()
         try:
-            warm = warm_argv(argv, sys.executable) if self.warm else None
             if warm is not None:
                 pid, done = await self._start_warm(launch, warm, env)
             else:
@@ -151,10 +156,23 @@ class LocalBackend(Backend):
         (launch.workdir / f"attempt-{launch.attempt}.pid").write_text(str(pid))
         attempt = _Attempt(launch, pid, done, gpus)
         self._attempts[launch.key] = attempt
-        await self.emit(TrialEvent(launch.trial_id, launch.attempt, "started"))
+        await self.emit(TrialEvent(launch.trial_id, launch.attempt, "started", reason=start))
         task = asyncio.get_running_loop().create_task(self._wait(attempt))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _start_note(self, launch: TrialLaunch, warm: list[str] | None) -> str:
+        """What the trial's log and ``sweep show`` say about how it started: a cold start
+        costs seconds per trial (TensorFlow's import), so the user is told why."""
+        if warm is not None:
+            return "warm start (forked from a process that imported " + ", ".join(
+                preload_for(launch.workdir, warm, launch.preload)) + ")"
+        if not self.warm:
+            return f"{COLD} (warm starts are off: TUNEHUB_WARM_START=0)"
+        return (
+            f"{COLD} (the command {launch.command!r} is not 'python script.py' or "
+            "'python -m module', so it cannot be forked from a warm process)"
+        )
 
     async def _start_cold(
         self, launch: TrialLaunch, argv: list[str], env: dict[str, str]
@@ -176,8 +194,7 @@ class LocalBackend(Backend):
     async def _start_warm(
         self, launch: TrialLaunch, argv: list[str], env: dict[str, str]
     ) -> tuple[int, asyncio.Future[int]]:
-        script = launch.workdir / argv[0] if argv[0] != "-m" else launch.workdir / "-"
-        preload = preload_for(script)
+        preload = preload_for(launch.workdir, argv, launch.preload)
         zygote = self._zygotes.get(preload)
         if zygote is None or not zygote.alive:
             zygote = Zygote(preload)

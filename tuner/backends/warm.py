@@ -10,19 +10,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tuner.backends.imports import entry_file, external_imports
+
 HEAVY_MODULES = ("tensorflow", "keras")
 ALWAYS = ("tuner",)
 
 
-def preload_for(script: Path) -> tuple[str, ...]:
-    """Modules worth importing ahead: TensorFlow/Keras when the entry script imports them
-    (a cheap text check), so sweeps that never touch TensorFlow don't pay for it."""
-    try:
-        text = script.read_text(errors="replace")
-    except OSError:
+def preload_for(
+    workdir: Path, argv: list[str], requested: str | tuple[str, ...] = "auto"
+) -> tuple[str, ...]:
+    """Modules worth importing ahead. ``requested`` is the spec's ``preload``: an explicit
+    list, ``none``, or ``auto``: TensorFlow/Keras when the trial's code reaches them through
+    its import graph (helper modules included), so sweeps that never touch TensorFlow don't
+    pay for it and those that do never start cold by accident."""
+    if requested == "none":
         return ALWAYS
-    heavy = tuple(m for m in HEAVY_MODULES if f"import {m}" in text or f"from {m}" in text)
-    extra = ("numpy", "sklearn") if heavy else ()
+    if not isinstance(requested, str):
+        return (*ALWAYS, *requested)
+    entry = entry_file(workdir, argv)
+    reached = external_imports(entry, workdir) if entry is not None else set()
+    heavy = tuple(m for m in HEAVY_MODULES if m in reached)
+    extra = tuple(m for m in ("numpy", "sklearn") if heavy and m in reached)
     return (*ALWAYS, *heavy, *extra)
 
 

@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console()
+# Piped, in CI or under nohup there is no terminal width to fit: print every value whole
+# rather than squeezing columns to "0.0…" at rich's default of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 100_000)
 
 
 def print_json(payload: Any) -> None:

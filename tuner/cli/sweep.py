@@ -11,7 +11,7 @@ from typing import Any
 
 from tuner.backends import BACKENDS
 from tuner.cli import context
-from tuner.cli.errors import EXIT_FAILED
+from tuner.cli.errors import EXIT_FAILED, CliError
 from tuner.cli.ops import LocalOps, RemoteOps, ops
 from tuner.cli.render import (
     console,
@@ -60,9 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     _json_flag(resume)
     resume.set_defaults(handler=cmd_resume)
 
-    logs = s.add_parser("logs", help="a trial's output (all attempts)")
+    logs = s.add_parser(
+        "logs", help="a trial's output (all attempts); without TRIAL the most useful one"
+    )
     logs.add_argument("id", type=_number("sweep id"))
-    logs.add_argument("trial", type=_number("trial number"))
+    logs.add_argument(
+        "trial", type=_number("trial number"), nargs="?",
+        help="trial number (default: the last failed trial, else the best)",
+    )
     logs.set_defaults(handler=cmd_logs)
 
 
@@ -172,7 +177,9 @@ def _final(where: LocalOps | RemoteOps, sweep_id: int, as_json: bool, quiet: boo
         print_json({**view, "trials_detail": where.trials(sweep_id)})
     elif not quiet:
         console.print(leaderboard(view, where.trials(sweep_id)))
-        console.print(summary_line(view))
+        console.print(summary_line(view), markup=False, highlight=False)
+        if view.get("cold_start"):
+            console.print(f"note: trials start cold: {view['cold_start']}", markup=False)
     return str(view["state"])
 
 
@@ -204,8 +211,32 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    sys.stdout.write(ops().log(args.id, args.trial))
+    where = ops()
+    number = args.trial
+    if number is None:
+        number, why = most_useful_trial(where.get(args.id), where.trials(args.id))
+        print(
+            f"tunehub: trial {number} of sweep {args.id} ({why}); another trial: "
+            f"tunehub sweep logs {args.id} TRIAL",
+            file=sys.stderr,
+        )
+    sys.stdout.write(where.log(args.id, number))
     return 0
+
+
+def most_useful_trial(sweep: dict[str, Any], trials: list[dict[str, Any]]) -> tuple[int, str]:
+    """The trial whose log a user most likely wants: the last one that failed (its log says
+    why), else the best, else the latest that started."""
+    failed = [t for t in trials if t["state"] == "failed"]
+    if failed:
+        t = max(failed, key=lambda t: t["number"])
+        return t["number"], f"the last failed trial: {t['reason'] or 'failed'}"
+    if sweep.get("best_trial") is not None:
+        return int(sweep["best_trial"]), "the best trial"
+    started = [t for t in trials if t["attempts"]]
+    if not started:
+        raise CliError(f"sweep {sweep['id']} has not started a trial yet")
+    return max(t["number"] for t in started), "the latest trial"
 
 
 __all__ = ["drive", "follow"]
