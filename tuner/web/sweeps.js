@@ -144,6 +144,10 @@ function renderDetail(sweep, trials, versions) {
   reason.hidden = !sweep.reason;
   reason.replaceChildren();
   if (sweep.reason) reason.append(sweep.reason);
+  if (sweep.cold_start) {
+    reason.hidden = false;
+    reason.append(el("div", { class: "muted" }, `Trials start cold: ${sweep.cold_start}`));
+  }
   for (const v of versions) {
     reason.hidden = false;
     reason.append(el("span", { class: "model-chip" },
