@@ -97,7 +97,7 @@ def test_scopes_and_bad_requests(tuner_hub: TunerHub, tmp_path: Path) -> None:
 
 
 def test_notebook_client_runs_a_function_sweep(
-    tuner_hub: TunerHub, monkeypatch: pytest.MonkeyPatch
+    tuner_hub: TunerHub, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import tuner
 
@@ -126,6 +126,21 @@ def test_notebook_client_runs_a_function_sweep(
 
     with pytest.raises(SpecError, match="space: is required"):
         tuner.Sweep.submit(name="fn", metric="m", space={}, function=objective)
+
+    # A sweep whose trials keep failing stops early; watch() ends with why.
+    def broken(params: dict) -> float:
+        raise ValueError(f"no data for x={params['x']:.2f}")
+
+    capsys.readouterr()
+    failing = tuner.Sweep.submit(
+        name="fn-broken", metric="score", trials=30, parallelism=1,
+        space={"x": {"type": "float", "low": 0.0, "high": 1.0}}, function=broken,
+    )
+    failing.watch(interval=0.2, timeout=120)
+    assert failing.state == "failed" and failing.info["failed"] == 3
+    printed = capsys.readouterr().out
+    assert f"sweep {failing.id} failed: stopped after 3 failed trials" in printed
+    assert "ValueError: no data for x=" in printed
 
 
 def test_openapi_and_metrics(tuner_hub: TunerHub) -> None:
