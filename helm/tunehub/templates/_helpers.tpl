@@ -84,8 +84,52 @@ tolerations:
 {{- define "tunehub.dataClaim" -}}
 {{- .Values.data.existingClaim | default (printf "%s-data" (include "tunehub.fullname" .)) -}}
 {{- end -}}
+{{/*
+The PriorityClass of a role (core, notebook, sweepHigh, sweepNormal, sweepLow): the operator's
+existing class, or the chart's <fullname>-<role>-<value>. The value is in the name because a
+PriorityClass's value (and preemptionPolicy) is immutable: changing it makes a new class instead
+of a patch `helm upgrade` would fail on. (dict "ctx" . "role" "notebook")
+*/}}
 {{- define "tunehub.priorityClass" -}}
-{{- printf "%s-%s" (include "tunehub.fullname" .ctx) .name -}}
+{{- $pc := index .ctx.Values.priorityClasses .role -}}
+{{- if $pc.name -}}
+{{- $pc.name -}}
+{{- else -}}
+{{- printf "%s-%s-%d" (include "tunehub.fullname" .ctx) (.role | kebabcase) (int $pc.value) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Kueue names: created ones carry the release's fullname so two releases never collide. */}}
+{{- define "tunehub.clusterQueue" -}}
+{{- .Values.kueue.existingClusterQueue | default .Values.kueue.clusterQueue | default (include "tunehub.fullname" .) -}}
+{{- end -}}
+{{- define "tunehub.localQueue" -}}
+{{- .Values.kueue.localQueue | default (include "tunehub.fullname" .) -}}
+{{- end -}}
+
+{{/* The Secret holding the proxy and tuner tokens, and its keys. */}}
+{{- define "tunehub.tokenSecret" -}}
+{{- .Values.hub.existingSecret | default (printf "%s-tokens" (include "tunehub.fullname" .)) -}}
+{{- end -}}
+
+{{/* The Secret holding the first admin's password. */}}
+{{- define "tunehub.adminSecret" -}}
+{{- .Values.auth.admin.existingSecret | default (printf "%s-hub-admin" (include "tunehub.fullname" .)) -}}
+{{- end -}}
+
+{{/* True (non-empty) when the hub uses its own local accounts (no other authenticator). */}}
+{{- define "tunehub.localAccounts" -}}
+{{- $jh := get (.Values.hub.config | default dict) "JupyterHub" | default dict -}}
+{{- if not (get $jh "authenticator_class") -}}true{{- end -}}
+{{- end -}}
+
+{{/* DNS egress to any destination on the DNS ports (cluster DNS, NodeLocal DNSCache). */}}
+{{- define "tunehub.dnsEgress" -}}
+- ports:
+    {{- range .Values.networkPolicy.dnsPorts }}
+    - {protocol: UDP, port: {{ . }}}
+    - {protocol: TCP, port: {{ . }}}
+    {{- end }}
 {{- end -}}
 
 {{/* Env of the tuner's settings, shared by the hub and the tuner (TUNEHUB_DB_URL from a Secret). */}}
@@ -98,21 +142,19 @@ tolerations:
   value: {{ .Values.data.mountPath | quote }}
 - name: TUNEHUB_REGISTRY
   value: {{ printf "%s/%s" .Values.data.mountPath .Values.data.modelsSubPath | quote }}
-{{- if .Values.db.existingSecret }}
 - name: TUNEHUB_DB_URL
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.db.existingSecret }}
+      name: {{ required "db.existingSecret: name a Secret holding the tuner's PostgreSQL URL" .Values.db.existingSecret }}
       key: {{ .Values.db.urlKey }}
-{{- end }}
 {{- end -}}
 
-{{/* Random secret kept across upgrades: (dict "ctx" . "name" secretName "key" key) */}}
+{{/* Random secret kept across upgrades: (dict "ctx" . "name" secretName "key" key ["length" n]) */}}
 {{- define "tunehub.persistentRandom" -}}
 {{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace .name -}}
 {{- if and $existing (index ($existing.data | default dict) .key) -}}
 {{- index $existing.data .key -}}
 {{- else -}}
-{{- randAlphaNum 64 | b64enc -}}
+{{- randAlphaNum (.length | default 64) | b64enc -}}
 {{- end -}}
 {{- end -}}
