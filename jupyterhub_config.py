@@ -38,9 +38,18 @@ c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
 # --- logins ----------------------------------------------------------------------------------
 c.JupyterHub.authenticator_class = TunehubAuthenticator
 c.TunehubAuthenticator.accounts_file = str(state / "accounts.json")
+if opts.mode == "kubernetes":
+    from hub import kube, kube_logins  # the Kubernetes mode's own modules
+
+    values = kube.KubeValues(config=c).load()
+    # The chart's first admin (password from its Secret); other authenticators: hub.config.
+    kube_logins.ensure_secret_admin(state / "accounts.json")
+    c.JupyterHub.template_vars["tunehub_accounts"] = kube_logins.uses_local_accounts(values)
 
 # --- who may use the tuner -------------------------------------------------------------------
 admins = [a.name for a in AccountStore(state / "accounts.json").all() if a.admin]
+if opts.mode == "kubernetes":
+    admins += kube_logins.configured_admins(values)
 scopes.configure(c, tuner_service.SERVICE_NAME, admins)
 
 # --- notebook servers ------------------------------------------------------------------------
@@ -51,9 +60,6 @@ notebook.configure(
     activity_interval=opts.activity_interval,
 )
 if opts.mode == "kubernetes":
-    from hub import kube  # KubeSpawner, profiles, volumes: the Kubernetes mode's own module
-
-    values = kube.KubeValues(config=c).load()
     kube.configure_kubespawner(c, values)
     profiles = kube.profiles_for_culler(c)
 else:
@@ -89,3 +95,7 @@ if opts.cpu_idle_timeout > 0:
         )
     )
     c.JupyterHub.load_roles.append(culler.culler_role())
+
+if opts.mode == "kubernetes":
+    # Last, so the operator's hub.config (an authenticator, anything) wins over tunehub's.
+    kube_logins.apply_hub_config(c, values)

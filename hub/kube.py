@@ -34,6 +34,11 @@ DEFAULT_VALUES_PATH = "/usr/local/etc/tunehub/values.yaml"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 NOTEBOOK_PORT = 8888
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: JupyterLab's news pop-up and update check call out to jupyter.org; off unless
+#: notebooks.jupyterlabNews (LabApp.news_url=None also tells the page not to ask).
+NO_LAB_NEWS_ARGS = ["--LabApp.news_url=None",
+                    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
 #: Seconds the starting hub waits for the (external) tuner service to answer; then it warns.
 TUNER_STARTUP_WAIT = 2
 #: What the notebook image runs (its CMD; images/notebook/Dockerfile).
@@ -187,6 +192,9 @@ def configure_kubespawner(c: Any, values: dict[str, Any] | None = None) -> None:
     c.JupyterHub.hub_connect_url = f"http://{names['hub']}:{hub_port}"
     c.ConfigurableHTTPProxy.should_start = False
     c.ConfigurableHTTPProxy.api_url = f"http://{names['proxyApi']}:8001"
+    # A `helm upgrade` may bring a newer JupyterHub: migrate its database on start (for SQLite
+    # JupyterHub keeps a backup copy first), as zero-to-jupyterhub does.
+    c.JupyterHub.upgrade_db = True
     # Notebook pods outlive a hub restart or upgrade (the hub re-attaches to them).
     c.JupyterHub.cleanup_servers = False
     # Notebooks reach the tuner inside the cluster, not through the public URL.
@@ -214,11 +222,18 @@ def configure_kubespawner(c: Any, values: dict[str, Any] | None = None) -> None:
     ks.automount_service_account_token = False  # a notebook has no business with the API
     ks.service_account = None
     ks.common_labels = {
-        "app.kubernetes.io/name": "tunehub",
+        # The chart's name (honouring nameOverride): what its NetworkPolicies select.
+        "app.kubernetes.io/name": names.get("name") or "tunehub",
         "app.kubernetes.io/instance": release["Name"],
         "app.kubernetes.io/managed-by": "kubespawner",
     }
     ks.component_label = "notebook"  # what the chart's NetworkPolicies select
+    if names.get("localQueue"):
+        # kueue.queueNotebooks: Kueue's pod integration admits notebook pods from the same
+        # quota as sweeps, so notebook GPUs count against the pool.
+        ks.extra_labels = {QUEUE_LABEL: names["localQueue"]}
+    if not nb.get("jupyterlabNews"):
+        c.Spawner.args = [*c.Spawner.get("args", []), *NO_LAB_NEWS_ARGS]
     # Non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp.
     ks.uid = int(nb["uid"])
     ks.gid = int(nb["gid"])

@@ -38,17 +38,27 @@ def example_values() -> dict[str, Any]:
     return yaml.safe_load(GPU_EXAMPLE.read_text())
 
 
-def render(values: dict[str, Any] | None = None,
-           namespace: str = NAMESPACE) -> list[dict[str, Any]]:
-    """Every object the chart renders with ``values`` (schema-checked by Helm)."""
-    with helm.Chart.load(CHART) as chart:
-        out = chart.render(values, name=RELEASE, namespace=namespace, is_install=True)
+def minimal_values() -> dict[str, Any]:
+    """The least an install needs: the database Secret and a ReadWriteMany data volume."""
+    return {"db": {"existingSecret": "tunehub-db"}, "data": {"storageClassName": "nfs-client"}}
+
+
+def parse_manifests(out: dict[str, str]) -> list[dict[str, Any]]:
+    """Objects of Helm's rendered templates (NOTES.txt left out)."""
     objects = []
     for path, text in sorted(out.items()):
         if path.endswith(".txt"):
             continue
         objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
     return objects
+
+
+def render(values: dict[str, Any] | None = None, namespace: str = NAMESPACE,
+           release: str = RELEASE) -> list[dict[str, Any]]:
+    """Every object the chart renders with ``values`` (schema-checked by Helm)."""
+    with helm.Chart.load(CHART) as chart:
+        out = chart.render(values, name=release, namespace=namespace, is_install=True)
+    return parse_manifests(out)
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -133,7 +143,7 @@ def assert_kubespawner_matches(c: Config, hv: dict[str, Any],
     claim = {v["name"]: v for v in ks.volumes}["data"]["persistentVolumeClaim"]["claimName"]
     assert claim == names["dataClaim"]
     pvcs = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PersistentVolumeClaim"}
-    if not hv["data"]["existingClaim"]:
+    if not hv["data"].get("existingClaim"):
         assert pvcs[claim]["spec"]["accessModes"] == ["ReadWriteMany"]
     shm = {v["name"]: v for v in ks.volumes}["dshm"]["emptyDir"]
     assert shm == {"medium": "Memory", "sizeLimit": str(hv["notebooks"]["shmSize"])}
@@ -177,7 +187,7 @@ def test_gpu_example_gives_the_kubespawner_settings_it_describes(
 
 def test_default_values_give_a_cpu_lab(tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    objects, hv, c = rendered_hub_config(None, tmp_path, monkeypatch)
+    objects, hv, c = rendered_hub_config(minimal_values(), tmp_path, monkeypatch)
     assert_kubespawner_matches(c, hv, objects)
     assert [p["slug"] for p in c.TunehubKubeSpawner.profiles] == ["cpu"]
     assert c.TunehubKubeSpawner.gpu_types == []
@@ -253,7 +263,7 @@ async def test_notebook_pod_manifest_is_valid_and_carries_the_profile(
     assert "--ServerApp.jpserver_extensions={'hub.busy_activity': True}" in nb["args"]
     assert nb["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
-    assert spec["priorityClassName"] == "tunehub-notebook"
+    assert spec["priorityClassName"] == "tunehub-notebook-1000"
     assert spec["automountServiceAccountToken"] is False
     assert spec["enableServiceLinks"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -398,7 +408,7 @@ async def test_spawn_on_the_emulated_cluster_lands_on_the_chosen_gpu_type(
         assert url.port == port
         pod = kube.get("pods", spawner.pod_name, namespace=kube.namespace)
         assert pod["spec"]["nodeName"] == "gpu-a100-0"
-        assert pod["spec"]["priority"] == values_priority(objects, "tunehub-notebook")
+        assert pod["spec"]["priority"] == values_priority(objects, "tunehub-notebook-1000")
         assert (kube.data_dir / "users" / "rita").is_dir()
 
         async def answers() -> bool:
@@ -424,3 +434,113 @@ async def _progress(spawner: Any) -> Any:
     """The spawn-page progress events KubeSpawner streams (start has finished, so it ends)."""
     async for event in spawner.progress():
         yield event
+
+
+# --- logins ---------------------------------------------------------------------------------
+
+OIDC = {
+    "JupyterHub": {"authenticator_class": "generic-oauth"},
+    "GenericOAuthenticator": {
+        "client_id": "tunehub", "client_secret": "s3cret-from-the-idp",
+        "oauth_callback_url": "https://lab.example.com/hub/oauth_callback",
+        "authorize_url": "https://idp.example.com/realms/lab/protocol/openid-connect/auth",
+        "token_url": "https://idp.example.com/realms/lab/protocol/openid-connect/token",
+        "userdata_url": "https://idp.example.com/realms/lab/protocol/openid-connect/userinfo",
+        "scope": ["openid", "email", "groups"], "username_claim": "email",
+        "allowed_groups": ["lab"], "admin_groups": ["lab-admins"], "manage_groups": True,
+        "admin_users": ["ops@example.com"],
+    },
+}
+GITHUB = {
+    "JupyterHub": {"authenticator_class": "github"},
+    "GitHubOAuthenticator": {"client_id": "Iv1.abc", "client_secret": "gh-secret",
+                             "oauth_callback_url": "https://lab.example.com/hub/oauth_callback",
+                             "allowed_organizations": ["example-org:ml-team"]},
+}
+
+
+def hub_env(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    deployment = find(objects, "Deployment", f"{RELEASE}-hub")
+    return {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(("config", "section", "cls_name"), [
+    (OIDC, "GenericOAuthenticator", "GenericOAuthenticator"),
+    (GITHUB, "GitHubOAuthenticator", "GitHubOAuthenticator"),
+])
+def test_authenticator_from_values_is_what_the_hub_loads(
+        config: dict[str, Any], section: str, cls_name: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """hub.config (zero-to-jupyterhub's way) reaches the hub: JupyterHub resolves the
+    authenticator by its entry-point name and the instance carries every setting."""
+    from jupyterhub.app import JupyterHub
+
+    values = example_values()
+    values["hub"]["config"] = config
+    objects, hv, c = rendered_hub_config(values, tmp_path, monkeypatch)
+    assert hv["hub"]["config"] == config  # in the hub's values Secret, not a ConfigMap
+    # No local admin when another authenticator logs people in.
+    assert "TUNEHUB_ADMIN_PASSWORD" not in hub_env(objects)
+    assert not [o for o in objects if o["kind"] == "Secret"
+                and o["metadata"]["name"] == f"{RELEASE}-hub-admin"]
+    assert c.JupyterHub.template_vars["tunehub_accounts"] is False
+
+    hub = JupyterHub(config=c)
+    authenticator = hub.authenticator_class(config=c)
+    assert type(authenticator).__name__ == cls_name
+    for trait, value in config[section].items():
+        got = getattr(authenticator, trait)
+        assert (sorted(got) if isinstance(got, set) else got) == (
+            sorted(value) if isinstance(value, list) and isinstance(got, set) else value), trait
+    admins = next(r for r in c.JupyterHub.load_roles if r["name"] == "tuner-admin")["users"]
+    assert admins == sorted(config[section].get("admin_users", []))
+    assert hub.upgrade_db is True  # a helm upgrade migrates JupyterHub's database
+
+
+def test_first_admin_comes_from_the_secret_and_follows_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart passes the admin Secret as TUNEHUB_ADMIN_*; every hub start makes the account
+    match it, so rotating the Secret is how a lost password is replaced."""
+    from hub.accounts import AccountStore
+
+    objects = render(example_values())
+    env = hub_env(objects)
+    assert env["TUNEHUB_ADMIN_USER"]["value"] == "admin"
+    ref = env["TUNEHUB_ADMIN_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": f"{RELEASE}-hub-admin", "key": "password"}
+    assert len(find(objects, "Secret", ref["name"])["data"]["password"]) >= 24
+    hv = hub_values(objects)
+    accounts = tmp_path / "state" / "accounts.json"
+    for password in ("first-generated-pw-1", "rotated-in-the-secret-2"):
+        monkeypatch.setenv("TUNEHUB_ADMIN_USER", "admin")
+        monkeypatch.setenv("TUNEHUB_ADMIN_PASSWORD", password)
+        c = load_hub_config(hv, tmp_path, monkeypatch)
+        store = AccountStore(accounts)
+        assert store.verify("admin", password) is not None
+        assert store.get("admin").admin is True
+        assert c.JupyterHub.template_vars["tunehub_accounts"] is True
+        assert "admin" in next(r for r in c.JupyterHub.load_roles
+                               if r["name"] == "tuner-admin")["users"]
+    assert AccountStore(accounts).verify("admin", "first-generated-pw-1") is None
+    # An operator-managed Secret is referenced, never generated.
+    values = example_values()
+    values["auth"] = {"admin": {"name": "ops", "existingSecret": "lab-admin",
+                                "passwordKey": "pw"}}
+    objects = render(values)
+    env = hub_env(objects)
+    assert env["TUNEHUB_ADMIN_USER"]["value"] == "ops"
+    assert env["TUNEHUB_ADMIN_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "lab-admin", "key": "pw"}
+    assert not [o for o in objects if o["kind"] == "Secret" and "admin" in o["metadata"]["name"]]
+
+
+def test_jupyterlab_news_is_off_unless_asked_for(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from hub.kube import NO_LAB_NEWS_ARGS
+
+    _, _, c = rendered_hub_config(example_values(), tmp_path, monkeypatch)
+    assert set(NO_LAB_NEWS_ARGS) <= set(c.Spawner.args)
+    values = example_values()
+    values["notebooks"]["jupyterlabNews"] = True
+    _, _, c = rendered_hub_config(values, tmp_path, monkeypatch)
+    assert not set(NO_LAB_NEWS_ARGS) & set(c.Spawner.args)

@@ -421,10 +421,10 @@ async def test_kueue_admits_within_quota_and_queues_the_rest(
         kube: KubeCluster, api: client.ApiClient) -> None:
     """Two 2-GPU jobs against a 2-GPU quota: one runs, the other waits with Kueue's message
     and is admitted (onto the flavor's nodes) when the first finishes."""
-    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
                  "metadata": {"name": "a100"},
                  "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}}})
-    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
                  "metadata": {"name": "gpus"},
                  "spec": {"namespaceSelector": {}, "resourceGroups": [{
                      "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
@@ -432,7 +432,7 @@ async def test_kueue_admits_within_quota_and_queues_the_rest(
                          {"name": "cpu", "nominalQuota": "16"},
                          {"name": "memory", "nominalQuota": "64Gi"},
                          {"name": "nvidia.com/gpu", "nominalQuota": "2"}]}]}]}})
-    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
                  "metadata": {"name": "team"}, "spec": {"clusterQueue": "gpus"}})
     release = kube.data_dir / "release"
     code = ("import pathlib, time\n"
@@ -835,17 +835,17 @@ async def test_kueue_preempts_lower_priority_workload_and_readmits_it(
     for name, value in (("sweep-low", 100), ("sweep-high", 1000)):
         kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                      "metadata": {"name": name}, "value": value})
-    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
                  "metadata": {"name": "t4"},
                  "spec": {"nodeLabels": {"nvidia.com/gpu.product": "Tesla-T4"}}})
-    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
                  "metadata": {"name": "gpus"},
                  "spec": {"preemption": {"withinClusterQueue": "LowerPriority"},
                           "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"],
                                               "flavors": [{"name": "t4", "resources": [
                                                   {"name": "nvidia.com/gpu",
                                                    "nominalQuota": "2"}]}]}]}})
-    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+    kube.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
                  "metadata": {"name": "team"}, "spec": {"clusterQueue": "gpus"}})
     marker = kube.data_dir / "low-started"
     low_code = (f"import pathlib, time; p = pathlib.Path({str(marker)!r})\n"

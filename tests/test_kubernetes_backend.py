@@ -390,10 +390,10 @@ async def test_multi_worker_trial_through_kueue_starts_as_a_gang(
         kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two 1-GPU workers queued in Kueue: the Job starts suspended, is admitted whole, and
     each worker gets TF_CONFIG for its own index."""
-    kube_env.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+    kube_env.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
                      "metadata": {"name": "t4"},
                      "spec": {"nodeLabels": {"nvidia.com/gpu.product": "Tesla-T4"}}})
-    kube_env.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue",
+    kube_env.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
                      "metadata": {"name": "gpus"},
                      "spec": {"namespaceSelector": {}, "resourceGroups": [{
                          "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
@@ -401,7 +401,7 @@ async def test_multi_worker_trial_through_kueue_starts_as_a_gang(
                              {"name": "cpu", "nominalQuota": "8"},
                              {"name": "memory", "nominalQuota": "16Gi"},
                              {"name": "nvidia.com/gpu", "nominalQuota": "2"}]}]}]}})
-    kube_env.create({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+    kube_env.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
                      "metadata": {"name": "team"}, "spec": {"clusterQueue": "gpus"}})
     monkeypatch.setenv("TUNEHUB_K8S_QUEUE", "team")
     be = KubernetesBackend.from_env()

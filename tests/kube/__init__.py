@@ -39,7 +39,7 @@ everything else as ``client``: ``kube.counters.writes()`` / ``.reads()`` /
 What the emulator does like a real API server: discovery, CRUD for core/v1 (namespaces,
 nodes, pods, services, endpoints, secrets, configmaps, events, persistentvolumeclaims,
 serviceaccounts), batch/v1 jobs, scheduling.k8s.io/v1 priorityclasses, networking.k8s.io/v1
-networkpolicies, kueue.x-k8s.io/v1beta1 localqueues/clusterqueues/resourceflavors/workloads;
+networkpolicies, kueue.x-k8s.io/v1beta2 localqueues/clusterqueues/resourceflavors/workloads;
 ``/status``, ``pods/log``, ``pods/binding``; label selectors (=, ==, !=, in, notin, key, !key)
 and field selectors (any dotted path, = and !=); list + watch with resourceVersion (replay,
 410 Gone after compaction, ``timeoutSeconds``); merge, strategic-merge (applied as merge)

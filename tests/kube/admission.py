@@ -152,7 +152,7 @@ class Admission:
         spec.setdefault("completionMode", "NonIndexed")
         spec.setdefault("backoffLimit", 6)
         spec.setdefault("suspend", False)
-        kueue = lookup("kueue.x-k8s.io", "v1beta1", "clusterqueues")
+        kueue = lookup("kueue.x-k8s.io", "v1beta2", "clusterqueues")
         if ((job["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name")
                 and kueue is not None and self.store.list(kueue, None)):
             spec["suspend"] = True  # Kueue's mutating webhook: queued Jobs start suspended

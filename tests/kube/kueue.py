@@ -9,7 +9,11 @@ admitted first and, if the ClusterQueue's ``preemption.withinClusterQueue`` is
 ``LowerPriority``, evict lower-priority admitted ones (their Job is suspended again). Pending
 workloads carry Kueue's message (``couldn't assign flavors to pod set main: insufficient quota
 for nvidia.com/gpu in flavor a100, 2 more needed``). Not emulated: cohorts, borrowing, fair
-sharing, LimitRanges, WorkloadPriorityClasses, admission checks."""
+sharing, LimitRanges, WorkloadPriorityClasses, admission checks.
+
+Like Kueue 0.20 it serves only ``kueue.x-k8s.io/v1beta2`` (``v1beta1`` paths are 404), and the
+emulator validates every Kueue object against Kueue's own v1beta2 CRD schemas
+(``tests/kube/crds``), unknown fields refused as with ``kubectl apply --validate=strict``."""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from .validation import parse_quantity
 log = logging.getLogger(__name__)
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-API = "/apis/kueue.x-k8s.io/v1beta1"
+API = "/apis/kueue.x-k8s.io/v1beta2"
 
 
 def _fmt(amount: Decimal) -> str:
@@ -192,7 +196,7 @@ class KueueController:
         meta = job["metadata"]
         name = f"job-{meta['name']}-{meta['uid'][:5]}"
         path = f"{API}/namespaces/{meta['namespace']}/workloads/{name}"
-        body = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+        body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
                 "metadata": {"name": name, "namespace": meta["namespace"],
                              "labels": {"kueue.x-k8s.io/job-uid": meta["uid"]},
                              "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",

@@ -50,11 +50,11 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("batch", "v1", "jobs", "Job", has_status=True),
     Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False),
     Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
-    Resource(KUEUE, "v1beta1", "localqueues", "LocalQueue", has_status=True),
-    Resource(KUEUE, "v1beta1", "clusterqueues", "ClusterQueue", namespaced=False,
+    Resource(KUEUE, "v1beta2", "localqueues", "LocalQueue", has_status=True),
+    Resource(KUEUE, "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False,
              has_status=True),
-    Resource(KUEUE, "v1beta1", "resourceflavors", "ResourceFlavor", namespaced=False),
-    Resource(KUEUE, "v1beta1", "workloads", "Workload", has_status=True),
+    Resource(KUEUE, "v1beta2", "resourceflavors", "ResourceFlavor", namespaced=False),
+    Resource(KUEUE, "v1beta2", "workloads", "Workload", has_status=True),
 )
 
 BY_PATH: dict[tuple[str, str, str], Resource] = {

@@ -13,6 +13,7 @@ import functools
 import json
 import re
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 import importlib_resources
@@ -90,6 +91,32 @@ def _validator(api_version: str, kind: str) -> jsonschema.Validator | None:
         schema, registry=Resource.from_contents(schema) @ registry)
 
 
+#: Kueue's v1beta2 CRD schemas (tests/kube/crds/vendor_kueue.py made them from Kueue's repo).
+KUEUE_CRDS = Path(__file__).resolve().parent / "crds" / "kueue-v1beta2.json"
+
+
+def _strict(node: Any) -> Any:
+    """A CRD schema as ``kubectl apply --validate=strict`` enforces it: unknown fields are
+    errors wherever the schema lists fields and does not preserve unknown ones."""
+    if isinstance(node, dict):
+        out = {k: _strict(v) for k, v in node.items()}
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(node, list):
+        return [_strict(v) for v in node]
+    return node
+
+
+@functools.cache
+def _crd_validator(api_version: str, kind: str) -> jsonschema.Validator | None:
+    data = json.loads(KUEUE_CRDS.read_text())
+    if api_version != f"kueue.x-k8s.io/{data['version']}" or kind not in data["schemas"]:
+        return None
+    return jsonschema.validators.Draft202012Validator(_strict(data["schemas"][kind]))
+
+
 def _path(error: jsonschema.ValidationError) -> str:
     out = ""
     for part in error.absolute_path:
@@ -99,8 +126,9 @@ def _path(error: jsonschema.ValidationError) -> str:
 
 def validate_schema(obj: dict) -> None:
     """Raise :class:`Invalid` if ``obj`` does not match its kind's OpenAPI schema."""
-    validator = _validator(obj.get("apiVersion", ""), obj.get("kind", ""))
-    if validator is None:  # CRDs such as Kueue's: no schema shipped, structure only
+    validator = (_validator(obj.get("apiVersion", ""), obj.get("kind", ""))
+                 or _crd_validator(obj.get("apiVersion", ""), obj.get("kind", "")))
+    if validator is None:  # other custom resources: no schema here, structure only
         return
     error = jsonschema.exceptions.best_match(validator.iter_errors(obj))
     if error is not None:
