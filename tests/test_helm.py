@@ -1,24 +1,30 @@
 """The Helm chart ``helm/tunehub`` through the real Helm engine (helm-python-sdk: Helm's Go SDK as
 a shared library in the wheel, so no ``helm`` binary or download): it lints, renders with the
-default and the full GPU values, every object validates against the Kubernetes OpenAPI schema
-(strict) of the two newest minor versions kubernetes-validate ships, typos fail by name, RBAC
-stays namespaced, pods are locked down, and the hub config read from the rendered values gives
-the KubeSpawner settings they describe.
+minimal and the full GPU values, every object validates against the Kubernetes OpenAPI schema
+(strict) of the two newest minor versions kubernetes-validate ships and every Kueue object
+against Kueue's own v1beta2 CRD schema, typos and missing required values fail by name, RBAC
+stays namespaced, pods are locked down, priorities protect the platform, names never collide
+between releases, NetworkPolicies let real work through, generated secrets survive an upgrade
+(``lookup`` against the emulated API server), and the hub config read from the rendered values
+gives the KubeSpawner settings they describe.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import httpx
 import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import SchemaNotFoundError
 
+from tests.kube.validation import _crd_validator
 from tests.test_hub_kube_config import (
     CHART,
     NAMESPACE,
@@ -27,19 +33,23 @@ from tests.test_hub_kube_config import (
     example_values,
     find,
     kube_versions,
+    minimal_values,
+    parse_manifests,
     render,
     rendered_hub_config,
 )
 
-VALUE_SETS = {"defaults": None, "gpu-example": "example"}
-#: Custom resources (no schema in kubernetes-validate): Kueue's and prometheus-operator's.
-CRD_KINDS = {"ResourceFlavor", "ClusterQueue", "LocalQueue", "ServiceMonitor"}
+VALUE_SETS = {"minimal": "minimal", "gpu-example": "example"}
+KUEUE_KINDS = {"ResourceFlavor", "ClusterQueue", "LocalQueue"}
+#: Custom resources (no schema in kubernetes-validate): Kueue's (checked against Kueue's own
+#: CRD schema instead), prometheus-operator's and the Gateway API's.
+CRD_KINDS = KUEUE_KINDS | {"ServiceMonitor", "HTTPRoute"}
 #: The only cluster-scoped objects the chart may create.
 CLUSTER_SCOPED = {"PriorityClass", "ResourceFlavor", "ClusterQueue"}
 
 
-def values_for(which: str) -> dict[str, Any] | None:
-    return example_values() if VALUE_SETS[which] == "example" else None
+def values_for(which: str) -> dict[str, Any]:
+    return example_values() if VALUE_SETS[which] == "example" else minimal_values()
 
 
 @pytest.fixture(params=list(VALUE_SETS))
@@ -66,9 +76,9 @@ def test_lint_passes_strict(which: str) -> None:
 
 def test_gpu_example_renders_every_optional_part() -> None:
     kinds = {o["kind"] for o in render(example_values())}
-    assert CRD_KINDS <= kinds  # Kueue and the ServiceMonitor are on in the example
-    assert {"ConfigMap", "NetworkPolicy", "PriorityClass"} <= kinds
-    default_kinds = {o["kind"] for o in render(None)}
+    assert KUEUE_KINDS | {"ServiceMonitor"} <= kinds  # Kueue and the ServiceMonitor are on
+    assert {"ConfigMap", "NetworkPolicy", "PriorityClass", "Ingress"} <= kinds
+    default_kinds = {o["kind"] for o in render(minimal_values())}
     assert not CRD_KINDS & default_kinds  # nothing needing extra CRDs by default
 
 
@@ -84,8 +94,19 @@ def test_every_object_validates_strictly(rendered: list[dict[str, Any]]) -> None
                 path = ".".join(str(p) for p in exc.path)
                 pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {version}: "
                             f"{path}: {exc.message}")
+        if obj["kind"] in KUEUE_KINDS:
+            assert kueue_errors(obj) == [], obj
     # Only custom resources may go unchecked, never a misspelt core kind.
     assert without_schema <= CRD_KINDS
+
+
+def kueue_errors(obj: dict[str, Any]) -> list[str]:
+    """What Kueue's v1beta2 CRD schema (vendored from kubernetes-sigs/kueue) says of ``obj``,
+    unknown fields included."""
+    validator = _crd_validator(obj["apiVersion"], obj["kind"])
+    assert validator is not None, f"{obj['apiVersion']} {obj['kind']}: not a current Kueue API"
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(obj)]
 
 
 @pytest.mark.parametrize(("typo", "key"), [
@@ -155,7 +176,12 @@ def test_pods_are_locked_down(rendered: list[dict[str, Any]]) -> None:
             assert sc["readOnlyRootFilesystem"] is True, name
             assert ctr["resources"]["requests"] and ctr["resources"]["limits"], name
             assert "readinessProbe" in ctr and "livenessProbe" in ctr, name
+            for probe in (ctr["readinessProbe"], ctr["livenessProbe"]):
+                if "httpGet" in probe:  # a real endpoint of this container's own port names
+                    assert probe["httpGet"]["port"] in {p["name"] for p in ctr["ports"]}, name
             assert ":latest" not in ctr["image"], name
+        for ctr in spec.get("initContainers", []):
+            assert ctr["resources"]["requests"] and ctr["resources"]["limits"], name
         assert spec["enableServiceLinks"] is False, name
         assert spec["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch", name
         wants_api = name.endswith(("-hub", "-tuner"))
@@ -164,9 +190,10 @@ def test_pods_are_locked_down(rendered: list[dict[str, Any]]) -> None:
 
 def test_no_default_password_and_db_url_from_the_operators_secret() -> None:
     first, second = render(example_values()), render(example_values())
-    token = find(first, "Secret", f"{RELEASE}-proxy-token")["data"]["token"]
-    assert len(token) >= 64
-    assert token != find(second, "Secret", f"{RELEASE}-proxy-token")["data"]["token"]
+    for key in ("proxy-token", "tuner-token"):
+        token = find(first, "Secret", f"{RELEASE}-tokens")["data"][key]
+        assert len(token) >= 64
+        assert token != find(second, "Secret", f"{RELEASE}-tokens")["data"][key]
     for name, spec in pod_specs(first).items():
         for ctr in spec["containers"]:
             for env in ctr.get("env", []):
@@ -174,9 +201,11 @@ def test_no_default_password_and_db_url_from_the_operators_secret() -> None:
                     ref = env["valueFrom"]["secretKeyRef"]
                     assert ref["name"] == "tunehub-db", name
                 assert "password" not in str(env.get("value", "")).lower(), name
-    # Without a DB Secret the tuner gets no URL at all (SQLite; NOTES warns), never a default.
-    tuner = pod_specs(render(None))[f"{RELEASE}-tuner"]["containers"][0]
-    assert "TUNEHUB_DB_URL" not in {e["name"] for e in tuner["env"]}
+    # The tuner's URL always comes from the operator's Secret (PostgreSQL, never SQLite on
+    # the network volume): without one the install is refused (test_required_values...).
+    tuner = pod_specs(render(minimal_values()))[f"{RELEASE}-tuner"]["containers"][0]
+    ref = {e["name"]: e for e in tuner["env"]}["TUNEHUB_DB_URL"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "tunehub-db", "key": "url"}
 
 
 def test_product_environment() -> None:
@@ -195,30 +224,50 @@ def test_product_environment() -> None:
     assert tuner_env["TUNEHUB_K8S_QUEUE"]["value"] == "tunehub"
     assert tuner_env["TUNEHUB_K8S_DATA_CLAIM"]["value"] == f"{RELEASE}-data"
     assert tuner_env["TUNEHUB_K8S_IMAGE"]["value"] == "registry.example.com/tunehub/trial:0.1.0"
-    assert json.loads(tuner_env["TUNEHUB_K8S_PRIORITY_CLASSES"]["value"]) == {
-        "high": "tunehub-sweep-high", "normal": "tunehub-sweep-normal",
-        "low": "tunehub-sweep-low"}
+    classes = json.loads(tuner_env["TUNEHUB_K8S_PRIORITY_CLASSES"]["value"])
+    assert classes == {"high": "tunehub-sweep-high-500", "normal": "tunehub-sweep-normal-100",
+                       "low": "tunehub-sweep-low-10"}
+    for name in classes.values():
+        find(objects, "PriorityClass", name)
     labels = json.loads(tuner_env["TUNEHUB_K8S_POD_LABELS"]["value"])
     trial_policy = find(objects, "NetworkPolicy", f"{RELEASE}-trial")
     assert trial_policy["spec"]["podSelector"]["matchLabels"] == labels
 
 
-def test_trials_reach_only_the_tuner_and_dns() -> None:
+def test_trials_reach_the_tuner_each_other_dns_and_the_mirror() -> None:
+    from tuner.backends.kubernetes.manifests import TF_PORT
+
     objects = render(example_values())
     policy = find(objects, "NetworkPolicy", f"{RELEASE}-trial")["spec"]
-    assert policy["policyTypes"] == ["Ingress", "Egress"] and policy["ingress"] == []
+    trial = policy["podSelector"]["matchLabels"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    # Multi-worker trials: the workers reach each other on TensorFlow's port, both ways.
+    assert policy["ingress"] == [{"from": [{"podSelector": {"matchLabels": trial}}],
+                                  "ports": [{"protocol": "TCP", "port": TF_PORT}]}]
     egress = policy["egress"]
-    assert len(egress) == 2
-    tuner_rule, dns_rule = egress
+    tuner_rule, peers_rule, dns_rule, mirror_rule = egress
     assert tuner_rule["to"][0]["podSelector"]["matchLabels"][
         "app.kubernetes.io/component"] == "tuner"
-    assert {p["port"] for p in dns_rule["ports"]} == {53}
+    assert peers_rule == {"to": [{"podSelector": {"matchLabels": trial}}],
+                          "ports": [{"protocol": "TCP", "port": TF_PORT}]}
+    # DNS to any destination (cluster DNS or NodeLocal DNSCache), UDP and TCP.
+    assert "to" not in dns_rule
+    assert {(p["protocol"], p["port"]) for p in dns_rule["ports"]} == {("UDP", 53),
+                                                                        ("TCP", 53)}
+    assert mirror_rule == example_values()["networkPolicy"]["extraEgress"][0]
     notebook = find(objects, "NetworkPolicy", f"{RELEASE}-notebook")["spec"]
     reached = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
                for rule in notebook["egress"] for peer in rule.get("to", [])
                if "podSelector" in peer and "app.kubernetes.io/component" in
                peer["podSelector"].get("matchLabels", {})}
     assert reached == {"hub", "proxy", "tuner", "serving"}
+    assert example_values()["networkPolicy"]["extraEgress"][0] in notebook["egress"]
+    serving = find(objects, "NetworkPolicy", f"{RELEASE}-serving")["spec"]
+    callers = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+               for rule in serving["ingress"] for peer in rule["from"]}
+    assert callers == {"notebook", "tuner"}
+    assert serving["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "serving"
+    assert [r for r in serving["egress"] if "to" in r] == []  # DNS only
 
 
 def test_kueue_and_serving_follow_the_gpu_types() -> None:
@@ -227,6 +276,7 @@ def test_kueue_and_serving_follow_the_gpu_types() -> None:
     assert flavors[f"{RELEASE}-a100"]["spec"]["nodeLabels"] == {
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     cq = find(objects, "ClusterQueue", "tunehub")["spec"]
+    assert cq["cohortName"] == "research-gpus"
     gpu_group = next(g for g in cq["resourceGroups"] if g["coveredResources"] == ["nvidia.com/gpu"])
     # Older GPUs first (generation order), quotas from the values.
     assert [(f["name"], f["resources"][0]["nominalQuota"]) for f in gpu_group["flavors"]] == [
@@ -261,3 +311,244 @@ def test_readme_values_reference_is_up_to_date() -> None:
     result = subprocess.run([sys.executable, str(CHART / "gen_values_doc.py"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- priorities -----------------------------------------------------------------------------
+
+def priority_of(objects: list[dict[str, Any]], class_name: str) -> dict[str, Any]:
+    return find(objects, "PriorityClass", class_name)
+
+
+def test_priorities_protect_the_platform(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Core pods > notebooks > sweeps; no sweep class preempts anything (the scheduler never
+    evicts a notebook or a core pod for a sweep; Kueue orders sweeps among themselves)."""
+    objects, hv, c = rendered_hub_config(example_values(), tmp_path, monkeypatch)
+    specs = pod_specs(objects)
+    core = {name: priority_of(objects, specs[name]["priorityClassName"])
+            for name in (f"{RELEASE}-hub", f"{RELEASE}-proxy", f"{RELEASE}-tuner")}
+    notebook = priority_of(objects, c.TunehubKubeSpawner.priority_class_name)
+    tuner_env = {e["name"]: e.get("value") for e in specs[f"{RELEASE}-tuner"]["containers"][0]
+                 ["env"]}
+    sweeps = {level: priority_of(objects, name) for level, name in
+              json.loads(tuner_env["TUNEHUB_K8S_PRIORITY_CLASSES"]).items()}
+    assert min(pc["value"] for pc in core.values()) > notebook["value"]
+    assert notebook["value"] > max(pc["value"] for pc in sweeps.values())
+    assert sweeps["high"]["value"] >= sweeps["normal"]["value"] >= sweeps["low"]["value"]
+    assert all(pc["preemptionPolicy"] == "Never" for pc in sweeps.values())
+    assert notebook["preemptionPolicy"] == "PreemptLowerPriority"
+    assert not any(o.get("globalDefault") for o in objects if o["kind"] == "PriorityClass")
+
+
+def release_render(release: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+    with helm.Chart.load(CHART) as chart:
+        return parse_manifests(chart.render(values, name=release, namespace=release,
+                                            is_install=True))
+
+
+def test_cluster_scoped_names_never_collide_between_releases() -> None:
+    first, second = release_render("lab-a", example_values()), release_render(
+        "lab-b", example_values())
+    names = [{(o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] in CLUSTER_SCOPED}
+             for objs in (first, second)]
+    assert names[0] and not names[0] & names[1]
+    for kind, name in names[0]:
+        assert name.startswith("lab-a-"), (kind, name)
+
+
+def test_a_changed_priority_value_is_a_new_class_not_an_immutable_patch() -> None:
+    """PriorityClass value and preemptionPolicy are immutable: an upgrade changing a value
+    must create another object (by name), never patch the old one."""
+    before = {o["metadata"]["name"]: o for o in render(example_values())
+              if o["kind"] == "PriorityClass"}
+    values = example_values()
+    values["priorityClasses"] = {"notebook": {"value": 2000}}
+    after = {o["metadata"]["name"]: o for o in render(values) if o["kind"] == "PriorityClass"}
+    for name in before.keys() & after.keys():  # same name: identical immutable fields
+        assert (before[name]["value"], before[name]["preemptionPolicy"]) == (
+            after[name]["value"], after[name]["preemptionPolicy"]), name
+    assert f"{RELEASE}-notebook-2000" in after and f"{RELEASE}-notebook-1000" not in after
+
+
+def test_existing_priority_classes_are_used_instead(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    values = example_values()
+    values["priorityClasses"] = {"core": {"value": 100000, "name": "platform-critical"},
+                                 "notebook": {"value": 1000, "name": "interactive"}}
+    objects, _, c = rendered_hub_config(values, tmp_path, monkeypatch)
+    created = {o["metadata"]["name"] for o in objects if o["kind"] == "PriorityClass"}
+    assert created == {f"{RELEASE}-sweep-high-500", f"{RELEASE}-sweep-normal-100",
+                       f"{RELEASE}-sweep-low-10"}
+    assert pod_specs(objects)[f"{RELEASE}-hub"]["priorityClassName"] == "platform-critical"
+    assert c.TunehubKubeSpawner.priority_class_name == "interactive"
+
+
+def test_priorities_out_of_order_are_refused() -> None:
+    values = example_values()
+    values["priorityClasses"] = {"sweepHigh": {"value": 5000}}
+    with pytest.raises(helm.HelmError, match=r"priorityClasses: values must order core "
+                                             r"\(100000\) > notebook \(1000\) > sweepHigh "
+                                             r"\(5000\)"):
+        render(values)
+
+
+# --- Kueue ----------------------------------------------------------------------------------
+
+def test_kueue_objects_are_current_kueue_api_field_by_field() -> None:
+    objects = render(example_values())
+    kueue = [o for o in objects if o["kind"] in KUEUE_KINDS]
+    assert {o["kind"] for o in kueue} == KUEUE_KINDS
+    for obj in kueue:
+        assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+        assert kueue_errors(obj) == []
+    # The vendored schema is strict: v1beta1's `cohort` is not a v1beta2 field.
+    cq = find(objects, "ClusterQueue", "tunehub")
+    old = {**cq, "spec": {**cq["spec"], "cohort": "research-gpus"}}
+    assert any("cohort" in e for e in kueue_errors(old))
+    lq = find(objects, "LocalQueue", "tunehub")
+    assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"]
+
+
+def test_existing_cluster_queue_mode_creates_only_a_local_queue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    values = example_values()
+    values["kueue"] = {"enabled": True, "existingClusterQueue": "gpu-pool",
+                       "queueNotebooks": True}
+    objects, _, c = rendered_hub_config(values, tmp_path, monkeypatch)
+    kueue = [o for o in objects if o["kind"] in KUEUE_KINDS]
+    assert [(o["kind"], o["metadata"]["name"]) for o in kueue] == [("LocalQueue", RELEASE)]
+    assert kueue[0]["spec"] == {"clusterQueue": "gpu-pool"}
+    tuner_env = {e["name"]: e.get("value") for e in
+                 pod_specs(objects)[f"{RELEASE}-tuner"]["containers"][0]["env"]}
+    assert tuner_env["TUNEHUB_K8S_QUEUE"] == RELEASE
+    # Notebooks queued in the same LocalQueue: their GPUs count against the same pool.
+    assert c.TunehubKubeSpawner.extra_labels == {"kueue.x-k8s.io/queue-name": RELEASE}
+
+
+def test_emulated_kueue_serves_v1beta2_only_and_takes_the_charts_objects(kube: Any) -> None:
+    """The emulator's Kueue is a current Kueue: the chart's objects are accepted as they are,
+    v1beta1 is not served, and a field v1beta2 lacks is refused."""
+    from tests.kube.client import ApiFailure
+
+    objects = render(example_values(), namespace=kube.namespace)
+    for obj in objects:
+        if obj["kind"] in KUEUE_KINDS:
+            kube.create(obj)
+    assert {o["metadata"]["name"] for o in kube.objects(
+        "clusterqueues", group="kueue.x-k8s.io", version="v1beta2")} == {"tunehub"}
+    r = httpx.get(f"{kube.url}/apis/kueue.x-k8s.io/v1beta1/clusterqueues", timeout=10)
+    assert r.status_code == 404
+    with pytest.raises(ApiFailure) as refused:
+        kube.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                     "metadata": {"name": "old-style"},
+                     "spec": {"cohort": "research-gpus", "resourceGroups": []}})
+    assert refused.value.status == 422 and "cohort" in str(refused.value)
+
+
+# --- labels, required values, secrets, entry points -----------------------------------------
+
+def test_network_policies_select_the_pods_with_name_override(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    values = example_values()
+    values["nameOverride"] = "gpulab"
+    objects, _, c = rendered_hub_config(values, tmp_path, monkeypatch)
+    ks = c.TunehubKubeSpawner
+    notebook_labels = {**ks.common_labels, "app.kubernetes.io/component": ks.component_label}
+    policy = find(objects, "NetworkPolicy", f"{RELEASE}-gpulab-notebook")["spec"]
+    selector = policy["podSelector"]["matchLabels"]
+    assert selector["app.kubernetes.io/name"] == "gpulab"
+    assert selector.items() <= notebook_labels.items()
+    tuner_env = {e["name"]: e.get("value") for e in
+                 pod_specs(objects)[f"{RELEASE}-gpulab-tuner"]["containers"][0]["env"]}
+    trial_labels = json.loads(tuner_env["TUNEHUB_K8S_POD_LABELS"])
+    trial = find(objects, "NetworkPolicy", f"{RELEASE}-gpulab-trial")["spec"]
+    assert trial["podSelector"]["matchLabels"].items() <= trial_labels.items()
+    # Every peer selector of every policy matches some pod the chart, hub or tuner makes.
+    pods = [{**spec_labels, } for spec_labels in (
+        notebook_labels, trial_labels,
+        *(d["spec"]["template"]["metadata"]["labels"] for d in objects
+          if d["kind"] == "Deployment"))]
+    for pol in (o for o in objects if o["kind"] == "NetworkPolicy"):
+        peers = [peer["podSelector"]["matchLabels"] for rules in ("ingress", "egress")
+                 for rule in pol["spec"].get(rules, []) for peer in
+                 rule.get("from", rule.get("to", [])) if "podSelector" in peer
+                 and "namespaceSelector" not in peer]
+        for sel in [pol["spec"]["podSelector"]["matchLabels"], *peers]:
+            if sel.get("app.kubernetes.io/component") == "serving":
+                continue  # serving.yaml's Deployment (rendered only with serving on)
+            assert any(sel.items() <= p.items() for p in pods), (pol["metadata"]["name"], sel)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"data": {"storageClassName": "nfs"}}, "at '/db': missing property 'existingSecret'"),
+    ({"db": {"existingSecret": "pg"}}, "missing property 'storageClassName'"),
+    ({"db": {"existingSecret": "pg"}, "data": {"storageClassName": ""}},
+     "at '/data/storageClassName': minLength"),
+])
+def test_required_values_are_refused_by_name(values: dict[str, Any], message: str) -> None:
+    """No PostgreSQL Secret (the tuner would fall back to SQLite on the network volume) or no
+    explicit ReadWriteMany class/claim (the claim would stay Pending): refused, by name."""
+    with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
+        render(values)
+
+
+def test_generated_secrets_survive_an_upgrade(kube: Any) -> None:
+    """Helm's ``lookup`` against the (emulated) API server: an upgrade renders the tokens and
+    the admin password already in the cluster, never new ones."""
+    values = example_values()
+    with helm.Chart.load(CHART) as chart:
+        install = parse_manifests(chart.render(values, name=RELEASE, namespace=kube.namespace,
+                                               is_install=True))
+    generated = {o["metadata"]["name"]: o for o in install if o["kind"] == "Secret"
+                 and o["metadata"]["name"] != f"{RELEASE}-hub-values"}
+    assert set(generated) == {f"{RELEASE}-tokens", f"{RELEASE}-hub-admin"}
+    for secret in generated.values():
+        kube.create(secret)
+    with helm.Config(kubeconfig_path=str(kube.kubeconfig)) as config, \
+            helm.Chart.load(CHART) as chart:
+        upgrade = parse_manifests(config.render(chart, values, name=RELEASE,
+                                                namespace=kube.namespace, is_upgrade=True))
+    for name, secret in generated.items():
+        assert find(upgrade, "Secret", name)["data"] == secret["data"], name
+
+
+def test_tokens_from_an_existing_secret() -> None:
+    values = example_values()
+    values["hub"]["existingSecret"] = "lab-tokens"
+    objects = render(values)
+    assert not [o for o in objects if o["kind"] == "Secret"
+                and o["metadata"]["name"] == f"{RELEASE}-tokens"]
+    refs = {e["valueFrom"]["secretKeyRef"]["key"]: e["valueFrom"]["secretKeyRef"]["name"]
+            for spec in pod_specs(objects).values() for ctr in spec["containers"]
+            for e in ctr.get("env", []) if "token" in e.get("valueFrom", {}).get(
+                "secretKeyRef", {}).get("key", "")}
+    assert refs == {"proxy-token": "lab-tokens", "tuner-token": "lab-tokens"}
+
+
+def test_ingress_or_httproute_with_tls() -> None:
+    objects = render(example_values())
+    ingress = find(objects, "Ingress", RELEASE)["spec"]
+    assert ingress["tls"] == [{"hosts": ["lab.example.com"], "secretName": "lab-example-com-tls"}]
+    backend = ingress["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    find(objects, "Service", backend["name"])
+    values = example_values()
+    values["ingress"] = {"enabled": False}
+    values["httpRoute"] = {"enabled": True, "hostnames": ["lab.example.com"], "parentRefs": [
+        {"name": "public", "namespace": "gateway", "sectionName": "https"}]}
+    objects = render(values)
+    assert not [o for o in objects if o["kind"] == "Ingress"]
+    route = find(objects, "HTTPRoute", RELEASE)
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"]["parentRefs"][0]["sectionName"] == "https"
+    assert route["spec"]["rules"][0]["backendRefs"][0]["name"] == f"{RELEASE}-proxy-public"
+
+
+def test_nfs_permissions_init_is_minimal_and_off_by_default() -> None:
+    assert "initContainers" not in pod_specs(render(example_values()))[f"{RELEASE}-hub"]
+    values = example_values()
+    values["data"]["fixPermissions"] = True
+    init = pod_specs(render(values))[f"{RELEASE}-hub"]["initContainers"][0]
+    assert init["securityContext"]["capabilities"] == {
+        "drop": ["ALL"], "add": ["CHOWN", "FOWNER", "DAC_OVERRIDE"]}
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "chown 1000:100" in init["args"][0]

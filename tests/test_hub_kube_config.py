@@ -69,7 +69,8 @@ def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 def hub_values(objects: list[dict[str, Any]]) -> dict[str, Any]:
     """The values file the hub pod reads: the hub values Secret's ``values.yaml``."""
-    secret = find(objects, "Secret", f"{RELEASE}-hub-values")
+    secret, = (o for o in objects if o["kind"] == "Secret"
+               and o["metadata"]["name"].endswith("-hub-values"))
     return yaml.safe_load(secret["stringData"]["values.yaml"])
 
 
