@@ -129,6 +129,9 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
         {"name": "HOME", "value": str(launch.workdir)},
     ]
     limits: dict[str, Any] = {"cpu": cpu_quantity(res.cpu), "memory": res.memory}
+    requests = dict(limits)
+    if settings.ephemeral_storage:
+        limits["ephemeral-storage"] = requests["ephemeral-storage"] = settings.ephemeral_storage
     if res.gpu:
         limits[GPU_RESOURCE] = str(res.gpu)
     command = launch.command
@@ -141,7 +144,7 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
         "workingDir": str(launch.workdir),
         "env": env,
         "resources": {
-            "requests": {"cpu": limits["cpu"], "memory": res.memory},
+            "requests": requests,
             "limits": limits,
         },
         "securityContext": {
@@ -159,6 +162,10 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     }
     if res.workers > 1:
         container["ports"] = [{"name": "tf", "containerPort": TF_PORT}]
+    if res.gpu > 1:
+        # NCCL between GPUs of one pod goes through /dev/shm; the runtime's 64 MiB default
+        # fails all-reduce. Memory-backed: it counts against the memory limit.
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -176,6 +183,9 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
             {"name": "data", "persistentVolumeClaim": {"claimName": settings.data_claim}}
         ],
     }
+    if res.gpu > 1:
+        pod_spec["volumes"].append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.memory}})
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
     if settings.image_pull_secrets:

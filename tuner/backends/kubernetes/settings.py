@@ -38,6 +38,9 @@ cluster, set them yourself and point ``KUBECONFIG`` at a cluster.
                                      attempt fails with the scheduler's message (default
                                      300; 0 fails at once)
 ``TUNEHUB_K8S_INSTANCE``             ``app.kubernetes.io/instance`` (default ``tunehub``)
+``TUNEHUB_K8S_EPHEMERAL_STORAGE``    ephemeral-storage request and limit of a trial pod, so
+                                     one trial filling the node's disk is evicted alone
+                                     (default: none; a Kueue ClusterQueue must cover it)
 ==================================== =====================================================
 """
 
@@ -91,6 +94,7 @@ class KubeSettings:
     ttl_seconds: int = 3600
     unschedulable_timeout: float = 300.0
     instance: str = "tunehub"
+    ephemeral_storage: str = ""
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -131,6 +135,7 @@ class KubeSettings:
             ttl_seconds=_int(env, "TUNEHUB_K8S_TTL_SECONDS", 3600),
             unschedulable_timeout=float(_int(env, "TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT", 300)),
             instance=env.get("TUNEHUB_K8S_INSTANCE") or cls.instance,
+            ephemeral_storage=env.get("TUNEHUB_K8S_EPHEMERAL_STORAGE") or cls.ephemeral_storage,
             kubeconfig=kubeconfig,
             context=context,
         )
