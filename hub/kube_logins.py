@@ -47,9 +47,14 @@ def uses_local_accounts(values: Mapping[str, Any]) -> bool:
 
 def apply_hub_config(c: Any, values: Mapping[str, Any]) -> None:
     """Set every ``hub.config`` trait on the hub's config ``c`` (later wins over earlier)."""
-    for section, traits in hub_config(values).items():
+    config = hub_config(values)
+    for section, traits in config.items():
         for trait, value in traits.items():
             setattr(c[section], trait, value)
+    if any(traits.get("manage_groups") for traits in config.values()):
+        # Groups then come from the identity provider (its ``tuner-admins`` group grants tuner
+        # administration); JupyterHub refuses to start with load_groups beside it.
+        c.JupyterHub.load_groups = {}
 
 
 def configured_admins(values: Mapping[str, Any]) -> list[str]:

@@ -496,6 +496,8 @@ def test_authenticator_from_values_is_what_the_hub_loads(
     admins = next(r for r in c.JupyterHub.load_roles if r["name"] == "tuner-admin")["users"]
     assert admins == sorted(config[section].get("admin_users", []))
     assert hub.upgrade_db is True  # a helm upgrade migrates JupyterHub's database
+    if config[section].get("manage_groups"):  # groups from the IdP: JupyterHub forbids both
+        assert not c.JupyterHub.load_groups
 
 
 def test_first_admin_comes_from_the_secret_and_follows_it(

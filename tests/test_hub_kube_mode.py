@@ -34,7 +34,15 @@ import yaml
 from tests.kube import KubeCluster
 from tests.polling import wait_for
 from tests.service_fixtures import free_port
-from tests.test_hub_kube_config import RELEASE, example_values, find, hub_values, render
+from tests.test_hub_kube_config import (
+    OIDC,
+    RELEASE,
+    example_values,
+    find,
+    hub_values,
+    render,
+)
+from tests.test_hub_platform import login_token
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -205,22 +213,38 @@ class ChartHub:
         return events
 
 
+def operator_db_secret(tmp: Path) -> dict[str, Any]:
+    """The operator's database Secret (``db.existingSecret``); the tuner's Deployment, which
+    reads ``url``, does not run here, and the hub keeps its own SQLite (``db.hubUrlKey`` "")."""
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tunehub-db"},
+            "stringData": {"url": f"sqlite:///{tmp / 'tuner.sqlite'}"}}
+
+
 @pytest.fixture
-def chart_hub(kube: KubeCluster, tmp_path: Path) -> Iterator[ChartHub]:
-    """The example GPU lab's chart, installed on the emulated cluster as far as the hub goes
-    (PriorityClasses, hub values, hub environment, proxy); started hub and proxy."""
+def chart_values(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The values of the install: the example GPU lab, with a test's (indirect) parameter
+    merged in at the top level."""
+    return {**example_values(), **getattr(request, "param", {})}
+
+
+@pytest.fixture
+def chart_hub(kube: KubeCluster, tmp_path: Path,
+              chart_values: dict[str, Any]) -> Iterator[ChartHub]:
+    """The chart (``chart_values``, the example GPU lab by default), installed on the emulated
+    cluster as far as the hub goes (PriorityClasses, generated Secrets, hub values, hub
+    environment, proxy); started hub and proxy."""
     hub_port, proxy_port, proxy_api_port, notebook_port = (free_port() for _ in range(4))
-    values = example_values()
+    values = chart_values
     values["data"]["mountPath"] = str(kube.data_dir)  # the harness exposes claims in place
-    values["db"] = {"existingSecret": "", "urlKey": "url", "hubUrlKey": ""}  # hub: SQLite
+    values["db"] = {"existingSecret": "tunehub-db", "urlKey": "url", "hubUrlKey": ""}
     values["hub"]["port"] = hub_port
     # Eight T4s are more than the inventory says any node has: refused before a pod exists.
     values["notebooks"]["profiles"].append({
         "slug": "t4-8", "displayName": "8 × T4", "description": "more than a T4 node holds",
         "gpus": 8, "gpuType": "t4", "groups": ["platform"]})
-    objects = render(values, namespace=kube.namespace)
+    objects = [*render(values, namespace=kube.namespace), operator_db_secret(tmp_path)]
     for obj in objects:
-        if obj["kind"] == "PriorityClass":
+        if obj["kind"] in ("PriorityClass", "Secret"):
             kube.create(obj)
     for sub in ("datasets", "models"):
         (kube.data_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -301,6 +325,12 @@ def test_cpu_notebook_pod_starts_and_answers_through_the_proxy(
     assert listing.status_code == 200, listing.text
     assert [f["name"] for f in listing.json()["content"]] == ["digits.csv"]
     assert "tunehub: busy kernels count as activity" in kube.pod_log("jupyter-alice")
+    # JupyterLab neither asks about nor fetches jupyter.org news (chart default).
+    lab = httpx.get(f"{hub.url}user/alice/lab", headers=hub.auth, timeout=30)
+    assert lab.status_code == 200, lab.text[:500]
+    page_config = json.loads(lab.text.split('id="jupyter-config-data" type="application/json">',
+                                            1)[1].split("</script>", 1)[0])
+    assert page_config["news"] == {"disabled": True}
     assert "jupyter-alice" in kube.pids()
 
     r = hub.api("DELETE", "users/alice/server")
@@ -348,3 +378,49 @@ def test_gpu_spawn_no_node_can_hold_fails_fast_with_the_reason(
     hub.wait(lambda: kube.objects("pods") == [], 30, "the refused pod to be removed")
     # A refusal is logged as one line, not as the hub's unhandled-error traceback.
     assert "Unhandled error starting pat's server" not in hub.log(tail=None), hub.log()
+
+
+
+@pytest.mark.timeout(180)
+def test_fresh_install_admin_from_the_secret_logs_in(chart_hub: ChartHub,
+                                                     kube: KubeCluster) -> None:
+    """`helm install` and nothing else: the first admin's password is the generated Secret's
+    (what NOTES.txt tells the operator to read), and it logs in through the proxy."""
+    hub = chart_hub
+    secret = kube.get("secrets", f"{RELEASE}-hub-admin")
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    assert hub.env["TUNEHUB_ADMIN_PASSWORD"] == password  # the Deployment's secretKeyRef
+    token = login_token(hub.url, "admin", password)
+    me = httpx.get(f"{hub.url}hub/api/user", headers={"Authorization": f"token {token}"},
+                   timeout=30)
+    assert me.status_code == 200 and me.json()["name"] == "admin" and me.json()["admin"] is True
+    with httpx.Client(base_url=hub.url, timeout=30) as client:
+        page = client.get("hub/login")
+        xsrf = page.text.split('name="_xsrf" value="', 1)[1].split('"', 1)[0]
+        client.post("hub/login", data={"username": "admin", "password": password + "x",
+                                       "_xsrf": xsrf})
+        assert "jupyterhub-session-id" not in client.cookies
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("chart_values", [{"hub": {**example_values()["hub"],
+                                                   "config": OIDC}}], indirect=True)
+def test_oidc_install_sends_people_to_the_identity_provider(chart_hub: ChartHub,
+                                                            kube: KubeCluster) -> None:
+    """With OIDC values the hub logs people in through the identity provider the values name
+    (GenericOAuthenticator), and no local admin account or admin Secret exists."""
+    from urllib.parse import parse_qs, urlparse
+
+    hub = chart_hub
+    assert kube.get("secrets", f"{RELEASE}-hub-admin") is None
+    assert "TUNEHUB_ADMIN_PASSWORD" not in hub.env
+    r = httpx.get(f"{hub.url}hub/oauth_login", timeout=30)
+    assert r.status_code == 302, r.text[:500]
+    target = urlparse(r.headers["location"])
+    settings = OIDC["GenericOAuthenticator"]
+    assert f"{target.scheme}://{target.netloc}{target.path}" == settings["authorize_url"]
+    query = parse_qs(target.query)
+    assert query["client_id"] == ["tunehub"]
+    assert query["redirect_uri"] == [settings["oauth_callback_url"]]
+    assert query["scope"] == ["openid email groups"]
+    assert not (hub.tmp / "state" / "accounts.json").exists()
