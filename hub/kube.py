@@ -264,8 +264,9 @@ def tuner_service(values: dict[str, Any] | None = None,
                   environ: dict[str, str] | None = None) -> dict[str, Any]:
     """The tuner as an *external* hub service: in Kubernetes mode it runs in its own
     Deployment (the chart's ``<release>-tuner``), so the hub must not start it; the hub and the
-    tuner share the API token from the ``<release>-tuner-token`` Secret
-    (``TUNEHUB_TUNER_API_TOKEN`` in the hub, ``JUPYTERHUB_API_TOKEN`` in the tuner)."""
+    tuner share the API token (key ``tuner-token`` of the ``<release>-tokens`` Secret, or of
+    ``hub.existingSecret``): ``TUNEHUB_TUNER_API_TOKEN`` in the hub, ``JUPYTERHUB_API_TOKEN``
+    in the tuner."""
     from hub import tuner_service as ts
 
     if values is None:
@@ -274,7 +275,7 @@ def tuner_service(values: dict[str, Any] | None = None,
     token = env.get("TUNEHUB_TUNER_API_TOKEN")
     if not token:
         raise ValuesError("TUNEHUB_TUNER_API_TOKEN: not set (the chart sets it from the "
-                          "<release>-tuner-token Secret)")
+                          "tuner-token key of the <release>-tokens Secret)")
     url = f"http://{values['Names']['tuner']}:{values['tuner']['port']}"
     service = ts.service_definition(url, {})
     for key in ("command", "environment"):
