@@ -552,3 +552,19 @@ def test_nfs_permissions_init_is_minimal_and_off_by_default() -> None:
         "drop": ["ALL"], "add": ["CHOWN", "FOWNER", "DAC_OVERRIDE"]}
     assert init["securityContext"]["allowPrivilegeEscalation"] is False
     assert "chown 1000:100" in init["args"][0]
+
+
+def test_notes_say_how_to_log_in() -> None:
+    def notes(values: dict[str, Any]) -> str:
+        with helm.Chart.load(CHART) as chart:
+            out = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return next(text for path, text in out.items() if path.endswith("NOTES.txt"))
+
+    text = notes(minimal_values())
+    assert (f"kubectl -n {NAMESPACE} get secret {RELEASE}-hub-admin -o "
+            "jsonpath='{.data.password}' | base64 -d") in text
+    assert 'Log in as "admin"' in text
+    values = minimal_values()
+    values["hub"] = {"config": {"JupyterHub": {"authenticator_class": "github"}}}
+    text = notes(values)
+    assert "hub-admin" not in text and "Logins go through github" in text
