@@ -568,3 +568,22 @@ def test_notes_say_how_to_log_in() -> None:
     values["hub"] = {"config": {"JupyterHub": {"authenticator_class": "github"}}}
     text = notes(values)
     assert "hub-admin" not in text and "Logins go through github" in text
+
+
+def test_an_upgrade_changing_a_claims_storage_class_is_refused_up_front(kube: Any) -> None:
+    """A PVC's storage class is immutable: instead of an API error halfway through the upgrade,
+    the render (with ``lookup`` on the emulated cluster) refuses and says what to do."""
+    values, release = example_values(), "lab2"
+    claim = find(render(values, namespace=kube.namespace, release=release),
+                 "PersistentVolumeClaim", f"{release}-tunehub-data")
+    kube.create(claim)
+    values["data"]["storageClassName"] = "cephfs"
+    with helm.Config(kubeconfig_path=str(kube.kubeconfig)) as config, \
+            helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmError, match=r"data.storageClassName: the claim "
+                                                 r"lab2-tunehub-data exists with storage class "
+                                                 r"\"nfs-client\", which cannot change"):
+            config.render(chart, values, name=release, namespace=kube.namespace,
+                          is_upgrade=True)
+        values["data"]["storageClassName"] = "nfs-client"  # unchanged: renders
+        config.render(chart, values, name=release, namespace=kube.namespace, is_upgrade=True)

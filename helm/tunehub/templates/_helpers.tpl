@@ -158,3 +158,15 @@ of a patch `helm upgrade` would fail on. (dict "ctx" . "role" "notebook")
 {{- randAlphaNum (.length | default 64) | b64enc -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+A claim's storage class is immutable: an upgrade that changes it would fail halfway on the API
+server's refusal. Refuse it before anything is applied, saying what to do instead.
+(dict "ctx" . "name" claimName "value" "data.storageClassName" "want" className)
+*/}}
+{{- define "tunehub.checkClaimClass" -}}
+{{- $existing := lookup "v1" "PersistentVolumeClaim" .ctx.Release.Namespace .name -}}
+{{- if and $existing .want $existing.spec.storageClassName (ne $existing.spec.storageClassName .want) -}}
+{{- fail (printf "%s: the claim %s exists with storage class %q, which cannot change (immutable); keep %q, or copy the data to a new claim and name it in data.existingClaim" .value .name $existing.spec.storageClassName $existing.spec.storageClassName) -}}
+{{- end -}}
+{{- end -}}
