@@ -5,6 +5,7 @@ from ``TUNEHUB_*`` environment variables (see ``hub/options.py``; ``tunehub up``
 from ``c.TunehubHub.<option>`` in a config file loaded before this one.
 """
 
+import logging
 import sys
 from pathlib import Path
 
@@ -16,7 +17,13 @@ from hub.options import TunehubHub
 c = get_config()  # noqa: F821 -- provided by JupyterHub when it loads this file
 
 opts = TunehubHub(config=c)
-settings = opts.settings.ensure_dirs()
+if opts.mode == "kubernetes":
+    from hub import kube, kube_logins  # the Kubernetes mode's own modules
+
+    settings = opts.settings
+    kube.prepare_data_dirs(settings, logging.getLogger("JupyterHub"))  # NFS: may not be ours
+else:
+    settings = opts.settings.ensure_dirs()
 state = Path(opts.state_dir)
 state.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -39,8 +46,6 @@ c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
 c.JupyterHub.authenticator_class = TunehubAuthenticator
 c.TunehubAuthenticator.accounts_file = str(state / "accounts.json")
 if opts.mode == "kubernetes":
-    from hub import kube, kube_logins  # the Kubernetes mode's own modules
-
     values = kube.KubeValues(config=c).load()
     # The chart's first admin (password from its Secret); other authenticators: hub.config.
     kube_logins.ensure_secret_admin(state / "accounts.json")

@@ -81,6 +81,25 @@ class KubeValues(Configurable):
         return values
 
 
+def prepare_data_dirs(settings: Any, log: Any) -> bool:
+    """Create the data store's directories if the hub may; never fail the hub over them.
+
+    Why: on an NFS export whose root is owned by root (fsGroup has no effect there) the hub,
+    uid 1000, cannot create them, and a hub that does not start locks everyone out, even the
+    admin who could read the message. Logins keep working; spawns that need the user's area say
+    what is wrong (:class:`hub.kube_spawner.TunehubKubeSpawner`). Returns whether it worked.
+    """
+    try:
+        settings.ensure_dirs()
+    except OSError as exc:
+        log.warning("data volume not writable by uid %d (%s): notebooks cannot get their "
+                    "areas until it is; set the chart value data.fixPermissions or chown the "
+                    "top-level directories to uid 1000 on the file server",
+                    os.getuid(), exc)
+        return False
+    return True
+
+
 def cpu(quantity: Any, field: str) -> float:
     """A Kubernetes CPU quantity ("500m", 2, "1.5") in cores, as KubeSpawner wants it."""
     return float(_parse(quantity, field))

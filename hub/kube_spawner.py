@@ -160,12 +160,13 @@ class TunehubKubeSpawner(KubeSpawner):
         try:
             target.mkdir(parents=True, exist_ok=True)
             os.chmod(target, 0o2770)
-        except PermissionError:
+        except OSError as exc:
             # An NFS root owned by root ignores fsGroup: say so instead of a hub error.
             raise SpawnRefused(
                 f"cannot create your data area {target}: the hub (uid {os.getuid()}) may not "
-                f"write {parent}. An operator must make it writable by uid {self.uid} "
-                "(chart value data.fixPermissions, or chown on the file server)") from None
+                f"write {parent} ({exc.strerror}). An operator must make it writable by uid "
+                f"{self.uid} (chart value data.fixPermissions, or chown on the file server)"
+            ) from None
 
     # --- start: fail fast when the scheduler keeps refusing ---------------------------------
 

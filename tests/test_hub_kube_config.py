@@ -547,3 +547,40 @@ def test_jupyterlab_news_is_off_unless_asked_for(tmp_path: Path,
     values["notebooks"]["jupyterlabNews"] = True
     _, _, c = rendered_hub_config(values, tmp_path, monkeypatch)
     assert not set(NO_LAB_NEWS_ARGS) & set(c.Spawner.args)
+
+
+def test_a_data_volume_the_hub_cannot_write_does_not_stop_the_hub(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An NFS root owned by root (fsGroup ignored): the hub config still loads, so people can
+    log in, and the log names the fix. (/sys refuses mkdir even to root, like such an export
+    refuses uid 1000.)"""
+    hv = hub_values(render(example_values()))
+    monkeypatch.setenv("TUNEHUB_ADMIN_USER", "admin")
+    monkeypatch.setenv("TUNEHUB_ADMIN_PASSWORD", "a-password-from-the-secret")
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(hv))
+    for name, value in (("TUNEHUB_MODE", "kubernetes"), ("TUNEHUB_HUB_VALUES", str(path)),
+                        ("TUNEHUB_HOME", "/sys/tunehub-nfs/.tunehub"),
+                        ("TUNEHUB_DATA", "/sys/tunehub-nfs"),
+                        ("TUNEHUB_HUB_STATE", str(tmp_path / "state")),
+                        ("TUNEHUB_TUNER_API_TOKEN", TUNER_TOKEN)):
+        monkeypatch.setenv(name, value)
+    with caplog.at_level("WARNING", logger="JupyterHub"):
+        c = PyFileConfigLoader("jupyterhub_config.py", path=str(REPO)).load_config()
+    assert c.JupyterHub.spawner_class.__name__ == "TunehubKubeSpawner"
+    assert "data volume not writable by uid" in caplog.text
+    assert "data.fixPermissions" in caplog.text
+
+
+async def test_spawn_without_a_writable_user_area_is_refused_with_the_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube: Any) -> None:
+    from hub.kube_spawner import SpawnRefused
+
+    _, _, c = rendered_hub_config(example_values(), tmp_path, monkeypatch)
+    # The volume is mounted (a directory) but refuses new entries, as /sys does even to root.
+    c.TunehubKubeSpawner.data_path = "/sys"
+    c.TunehubKubeSpawner.users_subpath = "tunehub-users"
+    spawner = make_spawner(c, hub_user("alice", []), kube.kubeconfig, monkeypatch)
+    with pytest.raises(SpawnRefused, match=r"cannot create your data area "
+                                           r"/sys/tunehub-users/alice: .*data.fixPermissions"):
+        await spawner.load_user_options()
