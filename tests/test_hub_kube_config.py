@@ -584,3 +584,22 @@ async def test_spawn_without_a_writable_user_area_is_refused_with_the_fix(
     with pytest.raises(SpawnRefused, match=r"cannot create your data area "
                                            r"/sys/tunehub-users/alice: .*data.fixPermissions"):
         await spawner.load_user_options()
+
+
+def test_oauth_client_secret_from_an_operators_secret(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """GitOps: no credential in the values; the hub gets OAUTH_CLIENT_SECRET from a Secret and
+    OAuthenticator picks it up."""
+    from jupyterhub.app import JupyterHub
+
+    values = example_values()
+    settings = {k: v for k, v in OIDC["GenericOAuthenticator"].items() if k != "client_secret"}
+    values["hub"]["config"] = {**OIDC, "GenericOAuthenticator": settings}
+    values["hub"]["extraSecretEnv"] = {"OAUTH_CLIENT_SECRET": {"name": "idp", "key": "secret"}}
+    objects, hv, c = rendered_hub_config(values, tmp_path, monkeypatch)
+    assert hub_env(objects)["OAUTH_CLIENT_SECRET"]["valueFrom"] == {
+        "secretKeyRef": {"name": "idp", "key": "secret"}}
+    assert "client_secret" not in str(hv)
+    monkeypatch.setenv("OAUTH_CLIENT_SECRET", "from-the-secret")  # what the kubelet sets
+    authenticator = JupyterHub(config=c).authenticator_class(config=c)
+    assert authenticator.client_secret == "from-the-secret"
