@@ -39,7 +39,7 @@ from tests.test_hub_kube_config import (
     rendered_hub_config,
 )
 
-VALUE_SETS = {"minimal": "minimal", "gpu-example": "example"}
+VALUE_SETS = {"minimal": "minimal", "gpu-example": "example", "every-option": "options"}
 KUEUE_KINDS = {"ResourceFlavor", "ClusterQueue", "LocalQueue"}
 #: Custom resources (no schema in kubernetes-validate): Kueue's (checked against Kueue's own
 #: CRD schema instead), prometheus-operator's and the Gateway API's.
@@ -48,8 +48,32 @@ CRD_KINDS = KUEUE_KINDS | {"ServiceMonitor", "HTTPRoute"}
 CLUSTER_SCOPED = {"PriorityClass", "ResourceFlavor", "ClusterQueue"}
 
 
+def every_option() -> dict[str, Any]:
+    """The GPU example with every optional part switched the other way: an HTTPRoute instead
+    of the Ingress, the NFS permissions init, OIDC logins with the client secret from a Secret,
+    operator-managed tokens, existing core/notebook classes, the LocalQueue-only Kueue mode."""
+    from tests.test_hub_kube_config import OIDC
+
+    values = example_values()
+    values["data"]["fixPermissions"] = True
+    values["ingress"] = {"enabled": False}
+    values["httpRoute"] = {"enabled": True, "hostnames": ["lab.example.com"],
+                           "parentRefs": [{"name": "public", "namespace": "gateway",
+                                           "sectionName": "https"}]}
+    values["hub"].update(config=OIDC, existingSecret="lab-tokens",
+                         extraSecretEnv={"OAUTH_CLIENT_SECRET": {"name": "idp", "key": "s"}})
+    values["priorityClasses"] = {"core": {"value": 100000, "name": "platform-critical"},
+                                 "notebook": {"value": 1000, "name": "interactive"}}
+    values["kueue"] = {"enabled": True, "existingClusterQueue": "gpu-pool",
+                       "queueNotebooks": True}
+    values["networkPolicy"]["servingFrom"] = [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}]
+    return values
+
+
 def values_for(which: str) -> dict[str, Any]:
-    return example_values() if VALUE_SETS[which] == "example" else minimal_values()
+    return {"example": example_values, "minimal": minimal_values,
+            "options": every_option}[VALUE_SETS[which]]()
 
 
 @pytest.fixture(params=list(VALUE_SETS))
