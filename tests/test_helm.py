@@ -611,3 +611,55 @@ def test_an_upgrade_changing_a_claims_storage_class_is_refused_up_front(kube: An
                           is_upgrade=True)
         values["data"]["storageClassName"] = "nfs-client"  # unchanged: renders
         config.render(chart, values, name=release, namespace=kube.namespace, is_upgrade=True)
+
+
+def test_on_a_cluster_notebooks_preempt_sweeps_and_sweeps_never_preempt(kube: Any) -> None:
+    """The chart's PriorityClasses on the emulated cluster (scheduler with priorities and
+    preemption): a higher sweep waits instead of evicting a running trial, a notebook takes the
+    GPUs of a running trial, and no trial evicts the notebook."""
+    import sys
+
+    from tests.polling import wait_for
+
+    objects = render(example_values(), namespace=kube.namespace)
+    for obj in objects:
+        if obj["kind"] == "PriorityClass":
+            kube.create(obj)
+    classes = {o["metadata"]["labels"]["tunehub.io/priority-role"]: o["metadata"]["name"]
+               for o in objects if o["kind"] == "PriorityClass"}
+
+    def pod(name: str, role: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+            "priorityClassName": classes[role], "restartPolicy": "Never",
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                             "effect": "NoSchedule"}],
+            "containers": [{"name": "main", "image": "python:3.11",
+                            "command": [sys.executable, "-c", "import time; time.sleep(300)"],
+                            "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "1",
+                                                     "memory": "1Gi"}}}]}}
+
+    def phase(name: str) -> str | None:
+        found = kube.get("pods", name)
+        return found["status"].get("phase") if found else None
+
+    def unschedulable(name: str) -> bool:
+        conditions = ((kube.get("pods", name) or {}).get("status") or {}).get("conditions", [])
+        return any(c.get("reason") == "Unschedulable" for c in conditions)
+
+    kube.create(pod("low-trial", "sweep-low"))
+    wait_for(lambda: phase("low-trial") == "Running", 30, "the low sweep's trial to run")
+    # A high sweep's trial does not evict the low one through the scheduler (Never): ordering
+    # sweeps is Kueue's job, by suspending whole Jobs.
+    kube.create(pod("high-trial", "sweep-high"))
+    wait_for(lambda: unschedulable("high-trial"), 30, "the high sweep's trial to wait")
+    assert phase("low-trial") == "Running"
+    # A person's notebook does take the GPUs.
+    kube.create(pod("notebook", "notebook"))
+    wait_for(lambda: phase("notebook") == "Running" and phase("low-trial") is None, 30,
+             "the notebook to preempt the trial")
+    # (The emulator's scheduler does not reserve a nominated node, so the waiting high trial
+    # may bind to the freed GPUs for a moment and be preempted in turn; a real scheduler keeps
+    # it Pending. Either way it does not run beside the notebook.)
+    wait_for(lambda: phase("high-trial") in ("Pending", None), 30, "the high trial to yield")
+    assert phase("notebook") == "Running"
