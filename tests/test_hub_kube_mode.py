@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -32,10 +33,10 @@ import pytest
 import yaml
 
 from tests.kube import KubeCluster
+from tests.oidc_provider import OidcProvider
 from tests.polling import wait_for
 from tests.service_fixtures import free_port
 from tests.test_hub_kube_config import (
-    OIDC,
     RELEASE,
     example_values,
     find,
@@ -221,10 +222,9 @@ def operator_db_secret(tmp: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
-def chart_values(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The values of the install: the example GPU lab, with a test's (indirect) parameter
-    merged in at the top level."""
-    return {**example_values(), **getattr(request, "param", {})}
+def chart_values() -> dict[str, Any]:
+    """The values of the install: the example GPU lab (a test class may override this)."""
+    return example_values()
 
 
 @pytest.fixture
@@ -402,25 +402,58 @@ def test_fresh_install_admin_from_the_secret_logs_in(chart_hub: ChartHub,
         assert "jupyterhub-session-id" not in client.cookies
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("chart_values", [{"hub": {**example_values()["hub"],
-                                                   "config": OIDC}}], indirect=True)
-def test_oidc_install_sends_people_to_the_identity_provider(chart_hub: ChartHub,
-                                                            kube: KubeCluster) -> None:
-    """With OIDC values the hub logs people in through the identity provider the values name
-    (GenericOAuthenticator), and no local admin account or admin Secret exists."""
-    from urllib.parse import parse_qs, urlparse
+class TestOidcInstall:
+    """An install whose values log people in through an OpenID Connect provider (hub.config,
+    GenericOAuthenticator): the whole login, hub to provider and back, over real HTTP."""
 
-    hub = chart_hub
-    assert kube.get("secrets", f"{RELEASE}-hub-admin") is None
-    assert "TUNEHUB_ADMIN_PASSWORD" not in hub.env
-    r = httpx.get(f"{hub.url}hub/oauth_login", timeout=30)
-    assert r.status_code == 302, r.text[:500]
-    target = urlparse(r.headers["location"])
-    settings = OIDC["GenericOAuthenticator"]
-    assert f"{target.scheme}://{target.netloc}{target.path}" == settings["authorize_url"]
-    query = parse_qs(target.query)
-    assert query["client_id"] == ["tunehub"]
-    assert query["redirect_uri"] == [settings["oauth_callback_url"]]
-    assert query["scope"] == ["openid email groups"]
-    assert not (hub.tmp / "state" / "accounts.json").exists()
+    @pytest.fixture
+    def idp(self) -> Iterator[OidcProvider]:
+        provider = OidcProvider("tunehub", secrets.token_urlsafe(16)).start()
+        yield provider
+        provider.stop()
+
+    @pytest.fixture
+    def chart_values(self, idp: OidcProvider) -> dict[str, Any]:
+        values = example_values()
+        settings = idp.settings(callback_url="")
+        del settings["oauth_callback_url"]  # derived from the public URL of the request
+        values["hub"]["config"] = {
+            "JupyterHub": {"authenticator_class": "generic-oauth"},
+            "GenericOAuthenticator": {**settings, "allowed_groups": ["lab"],
+                                      "admin_groups": ["lab-admins"], "manage_groups": True}}
+        return values
+
+    @pytest.mark.timeout(180)
+    def test_people_log_in_through_the_identity_provider(
+            self, chart_hub: ChartHub, kube: KubeCluster, idp: OidcProvider) -> None:
+        from urllib.parse import parse_qs, urlparse
+
+        hub = chart_hub
+        # No local admin account or admin Secret when another authenticator logs people in.
+        assert kube.get("secrets", f"{RELEASE}-hub-admin") is None
+        assert "TUNEHUB_ADMIN_PASSWORD" not in hub.env
+
+        def login(user: dict[str, Any]) -> httpx.Response:
+            idp.user = user
+            with httpx.Client(base_url=hub.url, timeout=30) as browser:
+                r = browser.get("hub/oauth_login")
+                assert r.status_code == 302, r.text[:500]
+                target = urlparse(r.headers["location"])
+                assert f"{target.scheme}://{target.netloc}{target.path}" == f"{idp.url}/auth"
+                query = parse_qs(target.query)
+                assert query["client_id"] == ["tunehub"]
+                assert query["redirect_uri"] == [f"{hub.url}hub/oauth_callback"]
+                back = httpx.get(r.headers["location"], timeout=30)  # the provider
+                assert back.status_code == 302, back.text
+                return browser.get(back.headers["location"])  # the hub's callback
+
+        r = login({"email": "ada@example.com", "groups": ["lab", "lab-admins"]})
+        assert r.status_code == 302 and "jupyterhub-session-id" in r.cookies, r.text[:500]
+        ada = hub.api("GET", "users/ada@example.com").json()
+        assert ada["admin"] is True  # admin_groups from the values
+        assert {"lab", "lab-admins"} <= set(ada["groups"])  # manage_groups: the IdP's groups
+        # Not in allowed_groups: refused, and no hub user is made.
+        r = login({"email": "eve@example.com", "groups": ["contractors"]})
+        assert r.status_code == 403 and "jupyterhub-session-id" not in r.cookies
+        assert hub.api("GET", "users/eve@example.com").status_code == 404
+        assert not (hub.tmp / "state" / "accounts.json").exists()
