@@ -54,7 +54,9 @@ if opts.mode == "kubernetes":
 # --- who may use the tuner -------------------------------------------------------------------
 admins = [a.name for a in AccountStore(state / "accounts.json").all() if a.admin]
 if opts.mode == "kubernetes":
-    admins += kube_logins.configured_admins(values)
+    # Another authenticator: its admins, not accounts left from earlier local logins.
+    local = kube_logins.uses_local_accounts(values)
+    admins = [*(admins if local else []), *kube_logins.configured_admins(values)]
 scopes.configure(c, tuner_service.SERVICE_NAME, admins)
 
 # --- notebook servers ------------------------------------------------------------------------
