@@ -1,7 +1,8 @@
 """Schema validation of every object the emulator stores, as a real API server would do it.
 
 Objects are checked against the Kubernetes OpenAPI schema shipped by ``kubernetes-validate``
-(strict: unknown fields are errors) for :data:`K8S_VERSION`, plus the handful of semantic rules
+(strict: unknown fields are errors) for :data:`K8S_VERSION`, Kueue's objects against Kueue's own
+v1beta2 CRD schemas (:data:`KUEUE_CRDS`, strict the same way), plus the handful of semantic rules
 that the schema cannot express but that real clusters enforce and our code is likely to trip
 over (object and label names, requests <= limits, extended resources such as nvidia.com/gpu)."""
 
