@@ -392,6 +392,9 @@ def test_a_changed_priority_value_is_a_new_class_not_an_immutable_patch() -> Non
         assert (before[name]["value"], before[name]["preemptionPolicy"]) == (
             after[name]["value"], after[name]["preemptionPolicy"]), name
     assert f"{RELEASE}-notebook-2000" in after and f"{RELEASE}-notebook-1000" not in after
+    # Helm keeps the old class: Jobs made before the upgrade still name it for new pods.
+    for pc in before.values():
+        assert pc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
 def test_existing_priority_classes_are_used_instead(tmp_path: Path,
