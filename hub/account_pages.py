@@ -10,7 +10,7 @@ from typing import Any
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from hub.accounts import AccountError, AccountStore, random_password
+from hub.accounts import AccountError, AccountStore, provision_system_user, random_password
 
 
 class _AccountsBase(BaseHandler):
@@ -47,6 +47,11 @@ class AccountsHandler(_AccountsBase):
             if action == "create":
                 admin = self.get_body_argument("admin", "") == "on"
                 await asyncio.to_thread(self.store.create, name, password, admin)
+                try:  # its system user now, not at first spawn (tunehub up as root)
+                    await asyncio.to_thread(provision_system_user, name)
+                except AccountError:
+                    await asyncio.to_thread(self.store.delete, name)
+                    raise
                 # A hub user too, so the admin panel lists them before their first login.
                 self.user_from_username(name)
             elif action == "reset":

@@ -5,6 +5,9 @@ file is the whole user database for :class:`hub.auth.TunehubAuthenticator`; ``tu
 the first admin account into it before the hub starts, so there is never a window in which
 whoever reaches the login page first becomes admin. Passwords are never stored, only
 ``scrypt`` hashes (stdlib, memory-hard), and the file is readable by its owner only.
+
+When ``tunehub up`` runs as root, every account also has a system user of its own
+(:mod:`tuner.unix_users`): made with the account, locked when it is deleted.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.unix_users import UnixUsers
 
 # scrypt cost: ~16 MiB and a few tens of milliseconds per check.
 _N, _R, _P = 2**14, 8, 1
@@ -179,3 +185,39 @@ def _account(name: str, entry: dict[str, Any]) -> Account:
 
 
 _DUMMY_HASH = hash_password(secrets.token_hex(8))
+
+
+# --- system users (tunehub up as root) ------------------------------------------------------
+
+
+def system_users() -> UnixUsers | None:
+    """The system users of accounts when isolation is on (``TUNEHUB_UNIX_USERS=1`` and root),
+    else ``None``: every server and trial then runs as the hub's user."""
+    from tuner import unix_users
+    from tuner.settings import load_settings
+
+    if not unix_users.enabled():
+        return None
+    return unix_users.UnixUsers.from_env(load_settings().home)
+
+
+def provision_system_user(name: str) -> None:
+    """Give account ``name`` its system user and home now (isolation on); raises
+    :class:`AccountError` with the reason when that is refused (e.g. the login is taken)."""
+    from tuner.unix_users import UnixUserError
+
+    users = system_users()
+    if users is None:
+        return
+    try:
+        users.ensure(name)
+    except UnixUserError as exc:
+        raise AccountError(str(exc)) from None
+
+
+def retire_system_user(name: str) -> None:
+    """A deleted account: its processes (notebook, kernels, trials) are killed and its system
+    user locked; the home stays for an admin to archive."""
+    users = system_users()
+    if users is not None:
+        users.retire(name)

@@ -17,7 +17,7 @@ from typing import Any
 from jupyterhub.auth import Authenticator
 from traitlets import Integer, Unicode, default
 
-from hub.accounts import AccountError, AccountStore
+from hub.accounts import AccountError, AccountStore, provision_system_user, retire_system_user
 
 
 class TunehubAuthenticator(Authenticator):
@@ -112,10 +112,18 @@ class TunehubAuthenticator(Authenticator):
                 self.store.create(user.name, None)
             except AccountError as exc:
                 self.log.warning("no account for hub user %s: %s", user.name, exc)
+                return
+        try:
+            provision_system_user(user.name)
+        except AccountError as exc:
+            self.log.error("hub user %s: %s", user.name, exc)
 
     def delete_user(self, user: Any) -> None:
+        """The hub has stopped the user's servers; their trials and anything else running as
+        their system user are killed, and their files are left for an admin to archive."""
         super().delete_user(user)
         self.store.delete(user.name)
+        retire_system_user(user.name)
 
     def get_handlers(self, app: Any) -> list[tuple[str, Any]]:
         from hub.account_pages import AccountsHandler, PasswordHandler

@@ -1,10 +1,12 @@
 """Notebook servers as local processes on this machine (the embedded default).
 
-Why this spawner: JupyterHub's ``LocalProcessSpawner`` needs a system user per person, which a
-one-machine lab usually does not have. This one starts every server as the user running the hub
-(as ``SimpleLocalProcessSpawner`` does), with a home of its own per person under
-``$TUNEHUB_HOME/users/<name>`` and the shared data store linked in as ``~/data``. It is not an
-isolation boundary between people: on one machine tunehub is for a team that trusts each other;
+Two ways, one class. With ``unix_users`` (``tunehub up`` as root sets it) each account has a
+system user of its own (:mod:`tuner.unix_users`, created with the account) and its server runs as
+that user, as JupyterHub's ``LocalProcessSpawner`` does (initgroups, setgid, setuid in the child
+before exec): people are separated by the operating system. Without it (the hub is not root),
+every server runs as the user running the hub (``SimpleLocalProcessSpawner``), which is no
+boundary between people: ``tunehub up`` says so at start-up. Either way each person has a home
+under ``$TUNEHUB_HOME/users/<name>`` with the shared data store linked in as ``~/data``;
 Kubernetes mode gives each person a pod.
 
 GPUs are whole devices taken from the same lock files the tuner's local backend uses, so a
@@ -21,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
-from traitlets import Dict, List, Unicode, default
+from traitlets import Bool, Dict, List, Unicode, default
 
 from hub.spawn_refused import SpawnRefused
+from tuner import unix_users
 from tuner.backends.gpus import GpuPool, discover_gpus
 
 
@@ -72,7 +75,27 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         "``TUNEHUB_DATA``).",
     ).tag(config=True)
 
+    unix_users = Bool(
+        help="""Run each server as the account's own system user (``tunehub-<name>``, created
+        on demand), as ``LocalProcessSpawner`` does. Needs the hub to run as root. Default:
+        ``TUNEHUB_UNIX_USERS=1`` and root (``tunehub up`` sets it when started as root).""",
+    ).tag(config=True)
+
     gpus = List(Unicode(), help="GPU ids held by the running server (kept in the state).")
+
+    @default("unix_users")
+    def _default_unix_users(self) -> bool:
+        return unix_users.enabled()
+
+    def system_user(self) -> unix_users.UnixUser:
+        """The account's system user (made now if the account predates isolation)."""
+        from tuner.settings import load_settings
+
+        users = unix_users.UnixUsers.from_env(load_settings().home)
+        try:
+            return users.ensure(self.user.name)
+        except unix_users.UnixUserError as exc:
+            raise SpawnRefused(str(exc)) from None
 
     @default("home_dir_template")
     def _default_home_template(self) -> str:
@@ -134,12 +157,37 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
     # --- process ---------------------------------------------------------------------------
 
     def _prepare_home(self) -> None:
+        if self.unix_users:
+            self._owner = self.system_user()
+            self.home_dir = str(self._owner.home)
         home = Path(self.home_dir)
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         link = home / "data"
         if self.data_path and not link.exists() and not link.is_symlink():
             Path(self.data_path).mkdir(parents=True, exist_ok=True)
             link.symlink_to(self.data_path, target_is_directory=True)
+            if self.unix_users:
+                os.lchown(link, self._owner.uid, self._owner.gid)
+
+    def make_preexec_fn(self, name: str) -> Any:
+        """As the parent's, then (isolated) become the account's user: the server and all it
+        starts (kernels, terminals) run with that user's rights only."""
+        chdir_home = super().make_preexec_fn(name)
+        if not self.unix_users:
+            return chdir_home
+        drop = unix_users.privilege_dropper(self._owner)
+
+        def preexec() -> None:
+            drop()
+            chdir_home()
+
+        return preexec
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        env = super().user_env(env)
+        if self.unix_users:
+            env.update(USER=self._owner.login, LOGNAME=self._owner.login)
+        return env
 
     def _take_gpus(self, count: int) -> tuple[list[str], list[int]]:
         ids, source = discover_gpus()
@@ -174,8 +222,8 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
 
     def get_args(self) -> list[str]:
         args = super().get_args()
-        if os.geteuid() == 0:
-            # Containers and CI often run as root; the servers run as the hub's user anyway.
+        if os.geteuid() == 0 and not self.unix_users:
+            # A root hub without system users: the servers run as the hub's user anyway.
             args.append("--allow-root")
         return args
 

@@ -3,12 +3,17 @@ service, idle culler) on free ports with its state in a temporary ``TUNEHUB_HOME
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import re
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +23,7 @@ import pytest
 
 from tests.polling import wait_for
 from tests.service_fixtures import free_port
+from tuner.unix_users import kill_processes_of
 
 REPO = Path(__file__).resolve().parent.parent
 TUNEHUB = str(Path(sys.executable).parent / "tunehub")
@@ -83,21 +89,67 @@ class Platform:
 @pytest.fixture
 def platform(tmp_path: Path) -> Iterator[Platform]:
     """A platform not yet started (``platform.start()``); stopped after the test. The digits
-    example is on its data store, as a team's code would be."""
-    home, data = tmp_path / "tunehub", tmp_path / "data"
-    shutil.copytree(REPO / "examples" / "digits", data / "digits")
-    port = free_port()
-    env = {
-        **os.environ,
-        "TUNEHUB_HOME": str(home),
-        "TUNEHUB_DATA": str(data),
-        "TUNEHUB_LOCAL_GPUS": "",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
-    env.pop("TUNEHUB_DB_URL", None)
-    env.pop("TUNEHUB_API_URL", None)
-    p = Platform(f"http://127.0.0.1:{port}/", home, data, env, port)
+    example is on its data store, as a team's code would be. As root, ``tunehub up`` gives
+    every account a system user: these get a prefix and group of this test's own (removed
+    afterwards), and the home lies where those users can pass (not under pytest's 0700
+    directory)."""
+    with system_users_for_test() as (base, unix_env):
+        base = base or tmp_path
+        home, data = base / "tunehub", base / "data"
+        shutil.copytree(REPO / "examples" / "digits", data / "digits")
+        port = free_port()
+        env = {
+            **os.environ,
+            **unix_env,
+            "TUNEHUB_HOME": str(home),
+            "TUNEHUB_DATA": str(data),
+            "TUNEHUB_LOCAL_GPUS": "",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        }
+        env.pop("TUNEHUB_DB_URL", None)
+        env.pop("TUNEHUB_API_URL", None)
+        p = Platform(f"http://127.0.0.1:{port}/", home, data, env, port)
+        try:
+            yield p
+        finally:
+            p.stop()
+
+
+@contextlib.contextmanager
+def system_users_for_test() -> Iterator[tuple[Path | None, dict[str, str]]]:
+    """As root: a passable base directory, and a user prefix and shared group unique to this
+    test, whose users and groups are deleted afterwards. The Python running the tests may live
+    where other users cannot pass (pyenv under /root here): the test's group is granted passage
+    (an ACL entry, execute only) on those directories for the test's duration."""
+    if os.geteuid() != 0:
+        yield None, {}
+        return
+    tag = secrets.token_hex(3)
+    prefix, group = f"th{tag}-", f"th{tag}"
+    subprocess.run(["groupadd", "--system", group], check=True)
+    base = Path(tempfile.mkdtemp(prefix="tunehub-test-"))
+    os.chmod(base, 0o711)
+    granted = [d for d in _closed_ancestors() if subprocess.run(
+        ["setfacl", "-m", f"g:{group}:x", str(d)], check=False).returncode == 0]
     try:
-        yield p
+        yield base, {"TUNEHUB_UNIX_USER_PREFIX": prefix, "TUNEHUB_UNIX_GROUP": group}
     finally:
-        p.stop()
+        for entry in pwd.getpwall():
+            if entry.pw_name.startswith(prefix):
+                kill_processes_of(entry.pw_uid)
+                subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
+        subprocess.run(["groupdel", group], check=False, capture_output=True)
+        for d in granted:
+            subprocess.run(["setfacl", "-x", f"g:{group}", str(d)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _closed_ancestors() -> list[Path]:
+    """Directories above this Python and the code that others cannot pass."""
+    paths = {Path(os.path.realpath(sys.executable)), Path(sys.base_prefix).resolve(), REPO}
+    closed = set()
+    for path in paths:
+        for parent in path.parents:
+            if not parent.stat().st_mode & stat.S_IXOTH:
+                closed.add(parent)
+    return sorted(closed)

@@ -135,12 +135,12 @@ class SweepStore:
                 s.add(sweep)
                 s.flush()
                 target = sweep_dir(self.settings, sweep.id)
-                if code is not None:
-                    shutil.copytree(code, target / "code", ignore=ignore, symlinks=True)
-                else:
-                    (target / "code").mkdir(parents=True, exist_ok=True)
-                for name, data in (files or {}).items():
-                    (target / "code" / name).write_bytes(data)
+                try:
+                    backend.snapshot_code(code, target / "code", ignore, files or {},
+                                          actor.name)
+                except PermissionError as exc:
+                    raise SpecError("code", f"{code}: cannot be read by {actor.name} "
+                                    f"({exc})") from None
                 sweep.code_dir = str(target / "code")
         except BaseException:
             if target is not None:

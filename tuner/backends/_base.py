@@ -8,6 +8,7 @@ never polls trials, so its cost per trial stays constant however many trials are
 from __future__ import annotations
 
 import abc
+import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,24 @@ class Backend(abc.ABC):
     def check(self, spec: SweepSpec) -> None:
         """Raise :class:`tuner.spec.SpecError` when this backend can never run ``spec``'s
         trials (more GPUs than exist, unknown GPU type): refuse at submission, not later."""
+
+    def snapshot_code(
+        self,
+        source: Path | None,
+        target: Path,
+        ignore: Callable[[str, list[str]], set[str]],
+        files: dict[str, bytes],
+        owner: str,
+    ) -> None:
+        """Copy a sweep's code (``source``, may be ``None``) plus ``files`` into ``target``, which
+        does not exist yet. A backend that runs trials as their owner copies with the owner's
+        rights, so nobody snapshots what they could not read."""
+        if source is not None:
+            shutil.copytree(source, target, ignore=ignore, symlinks=True)
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (target / name).write_bytes(data)
 
     def can_launch(self, resources: Resources) -> bool:
         """Whether an attempt with ``resources`` could start right now (free GPUs)."""

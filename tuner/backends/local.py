@@ -3,6 +3,11 @@
 Each attempt runs in its own working directory with its own log file, in its own process group
 (so a timeout or cancel kills everything it started), and dies with the controller
 (``PR_SET_PDEATHSIG``) so a killed controller never leaves trials reporting into the void.
+
+When the tuner runs as root with ``TUNEHUB_UNIX_USERS=1`` (``tunehub up`` as root), every attempt
+runs as its owner's system user (:mod:`tuner.unix_users`) with an environment reduced to what a
+person may see; the files it touches are laid out by :mod:`tuner.backends.ownership`. An owner
+without an active system user gets a failed attempt with the reason, never a root process.
 """
 
 from __future__ import annotations
@@ -12,15 +17,19 @@ import ctypes
 import os
 import shlex
 import signal
+import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from tuner import metrics
+from tuner import metrics, unix_users
+from tuner.backends import ownership
 from tuner.backends._base import COLD, Backend, TrialEvent, TrialLaunch
 from tuner.backends.gpus import GpuPool, discover_gpus
 from tuner.backends.warm import Zygote, preload_for
 from tuner.backends.zygote import warm_argv
 from tuner.spec import Resources, SpecError, SweepSpec
+from tuner.trial import ENV_ARTIFACT_DIR
 
 _SHELL_CHARS = set(";&|<>$`(){}*?~\n")
 _PR_SET_PDEATHSIG = 1
@@ -54,14 +63,34 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def _write_pid(path: Path, pid: int) -> None:
+    """Root's pid file in a directory the trial's owner may write to: whatever they put at
+    that name is replaced, and a link is never followed (it is only a hint for reconcile)."""
+    try:
+        st = os.lstat(path)
+        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+    except OSError:
+        return
+    with open(fd, "w") as fh:
+        fh.write(str(pid))
+
+
 class _Attempt:
     def __init__(
-        self, launch: TrialLaunch, pid: int, done: asyncio.Future[int], gpus: list[str]
+        self, launch: TrialLaunch, pid: int, done: asyncio.Future[int], gpus: list[str],
+        owner: unix_users.UnixUser | None = None,
     ) -> None:
         self.launch = launch
         self.pid = pid
         self.done = done  # the exit code: negative for a signal
         self.gpus = gpus
+        self.owner = owner
         self.stop_reason: str | None = None
 
 
@@ -87,7 +116,12 @@ class LocalBackend(Backend):
         if warm is None:
             warm = os.environ.get("TUNEHUB_WARM_START", "1") not in ("0", "false", "no")
         self.warm = warm
-        self._zygotes: dict[tuple[str, ...], Zygote] = {}
+        self._zygotes: dict[tuple[tuple[str, ...], str], Zygote] = {}
+        self.unix: unix_users.UnixUsers | None = None
+        if unix_users.enabled():
+            from tuner.settings import load_settings
+
+            self.unix = unix_users.UnixUsers.from_env(load_settings().home)
         self._attempts: dict[tuple[int, int], _Attempt] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -118,14 +152,42 @@ class LocalBackend(Backend):
         self.gpus.release(gpus)
         return True
 
+    def snapshot_code(
+        self,
+        source: Path | None,
+        target: Path,
+        ignore: Callable[[str, list[str]], set[str]],
+        files: dict[str, bytes],
+        owner: str,
+    ) -> None:
+        if self.unix is None:
+            super().snapshot_code(source, target, ignore, files, owner)
+            return
+        try:
+            user = self.unix.require(owner)
+        except unix_users.UnixUserError as exc:
+            raise SpecError("owner", str(exc)) from None
+        ownership.snapshot_as(user, source, target, ignore, files)
+
     async def launch(self, launch: TrialLaunch) -> None:
+        owner: unix_users.UnixUser | None = None
+        if self.unix is not None:
+            try:
+                owner = self.unix.require(launch.owner)
+                ownership.hand_over(launch.workdir, launch.log_path, self._artifacts(launch),
+                                    owner)
+            except (unix_users.UnixUserError, OSError) as exc:
+                await self.emit(TrialEvent(launch.trial_id, launch.attempt, "failed",
+                                           reason=f"cannot run as its owner: {exc}"))
+                return
         gpus = self.gpus.acquire(launch.resources.gpu)
         if gpus is None:
             await self.emit(
                 TrialEvent(launch.trial_id, launch.attempt, "failed", reason="no free GPU")
             )
             return
-        env = dict(os.environ)
+        # A person's trial sees none of the platform's environment (hub token, database URL).
+        env = owner.environment(os.environ) if owner is not None else dict(os.environ)
         env.update(launch.env)
         # The interpreter that runs tunehub runs trials too, with its packages (tuner, TF).
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -141,9 +203,9 @@ class LocalBackend(Backend):
         metrics.TRIAL_STARTS.labels("warm" if warm is not None else "cold").inc()
         try:
             if warm is not None:
-                pid, done = await self._start_warm(launch, warm, env)
+                pid, done = await self._start_warm(launch, warm, env, owner)
             else:
-                pid, done = await self._start_cold(launch, argv, env)
+                pid, done = await self._start_cold(launch, argv, env, owner)
         except OSError as exc:
             self.gpus.release(gpus)
             await self.emit(
@@ -153,8 +215,8 @@ class LocalBackend(Backend):
                 )
             )
             return
-        (launch.workdir / f"attempt-{launch.attempt}.pid").write_text(str(pid))
-        attempt = _Attempt(launch, pid, done, gpus)
+        _write_pid(launch.workdir / f"attempt-{launch.attempt}.pid", pid)
+        attempt = _Attempt(launch, pid, done, gpus, owner)
         self._attempts[launch.key] = attempt
         await self.emit(TrialEvent(launch.trial_id, launch.attempt, "started", reason=start))
         task = asyncio.get_running_loop().create_task(self._wait(attempt))
@@ -174,10 +236,25 @@ class LocalBackend(Backend):
             "'python -m module', so it cannot be forked from a warm process)"
         )
 
+    @staticmethod
+    def _artifacts(launch: TrialLaunch) -> Path:
+        return Path(launch.env.get(ENV_ARTIFACT_DIR) or launch.workdir / "artifacts")
+
     async def _start_cold(
-        self, launch: TrialLaunch, argv: list[str], env: dict[str, str]
+        self, launch: TrialLaunch, argv: list[str], env: dict[str, str],
+        owner: unix_users.UnixUser | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
-        with open(launch.log_path, "ab") as log:
+        preexec = _die_with_parent
+        if owner is not None:
+            drop = unix_users.privilege_dropper(owner)
+
+            def preexec() -> None:
+                drop()
+                _die_with_parent()  # after setuid: a changed identity clears the death signal
+
+        log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                         0o644)
+        with open(log_fd, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=launch.workdir,
@@ -186,20 +263,24 @@ class LocalBackend(Backend):
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=preexec,
             )
         done = asyncio.ensure_future(proc.wait())
         return proc.pid, done
 
     async def _start_warm(
-        self, launch: TrialLaunch, argv: list[str], env: dict[str, str]
+        self, launch: TrialLaunch, argv: list[str], env: dict[str, str],
+        owner: unix_users.UnixUser | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
         preload = preload_for(launch.workdir, argv, launch.preload)
-        zygote = self._zygotes.get(preload)
+        # One warm process per owner: it runs as them, so what it forks (and whatever earlier
+        # requests left in its memory) is theirs alone.
+        zkey = (preload, owner.login if owner is not None else "")
+        zygote = self._zygotes.get(zkey)
         if zygote is None or not zygote.alive:
-            zygote = Zygote(preload)
+            zygote = Zygote(preload, owner)
             await zygote.start()
-            self._zygotes[preload] = zygote
+            self._zygotes[zkey] = zygote
         key = f"{launch.trial_id}-{launch.attempt}"
         return await zygote.spawn(key, argv, launch.workdir, env, launch.log_path)
 
@@ -211,6 +292,12 @@ class LocalBackend(Backend):
             attempt.stop_reason = f"timed out after {launch.timeout:g}s (trial_timeout)"
             await self._kill(attempt)
             code = await attempt.done
+        if attempt.owner is not None:
+            # What the registry may copy must not change under it, nor point outside.
+            try:
+                await asyncio.to_thread(ownership.seal, self._artifacts(launch))
+            except OSError as exc:
+                attempt.stop_reason = attempt.stop_reason or f"artifacts not sealed: {exc}"
         self.gpus.release(attempt.gpus)
         self._attempts.pop(launch.key, None)
         if code == 0 and attempt.stop_reason is None:

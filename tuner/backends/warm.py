@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tuner import unix_users
 from tuner.backends.imports import entry_file, external_imports
 
 HEAVY_MODULES = ("tensorflow", "keras")
@@ -37,8 +38,10 @@ def preload_for(
 class Zygote:
     """A running ``tuner.backends.zygote`` process and its message pump."""
 
-    def __init__(self, preload: tuple[str, ...]) -> None:
+    def __init__(self, preload: tuple[str, ...],
+                 owner: unix_users.UnixUser | None = None) -> None:
         self.preload = preload
+        self.owner = owner  # run as this system user (from exec on), or as we run
         self.proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._spawned: dict[str, asyncio.Future[int]] = {}
@@ -52,13 +55,16 @@ class Zygote:
 
     async def start(self) -> None:
         ours, theirs = socket.socketpair()
+        env = self.owner.environment(os.environ) if self.owner else dict(os.environ)
+        env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tuner.backends.zygote", str(theirs.fileno()),
             ",".join(self.preload),
             pass_fds=(theirs.fileno(),),
             stdin=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL",
-                                                                      "2")},
+            env=env,
+            cwd="/" if self.owner else None,  # not the service's (private) directory
+            preexec_fn=unix_users.privilege_dropper(self.owner) if self.owner else None,
         )
         theirs.close()
         reader, self._writer = await asyncio.open_unix_connection(sock=ours)

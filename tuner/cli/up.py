@@ -22,6 +22,7 @@ from types import FrameType
 
 import httpx
 
+from tuner.cli import isolation
 from tuner.cli.errors import EXIT_FAILED, CliError
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "jupyterhub_config.py"
@@ -92,6 +93,24 @@ def ensure_admin(accounts_file: Path, reset: bool) -> str | None:
     return None
 
 
+def _code_paths() -> list[Path]:
+    """Where people's processes import tunehub from: this checkout and ``PYTHONPATH``."""
+    extra = [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [REPO_CONFIG.parent, *extra]
+
+
+def _provision_all(accounts_file: Path) -> None:
+    """Every account's system user, before anyone logs in (the hub repeats this for its
+    users; one refused login name must not keep the platform down)."""
+    from hub.accounts import AccountError, AccountStore, provision_system_user
+
+    for account in AccountStore(accounts_file).all():
+        try:
+            provision_system_user(account.name)
+        except AccountError as exc:
+            print(f"warning: {exc}", file=sys.stderr, flush=True)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     try:
         from hub.options import TunehubHub
@@ -115,11 +134,18 @@ def cmd_up(args: argparse.Namespace) -> int:
         "TUNEHUB_PROXY_API_PORT": os.environ.get("TUNEHUB_PROXY_API_PORT") or str(free_port()),
         "TUNEHUB_TUNER_PORT": os.environ.get("TUNEHUB_TUNER_PORT") or str(free_port()),
     }
+    isolated, shared_note = isolation.decide(env)
     os.environ.update(env)  # so the hub options below resolve as the hub will
     opts = TunehubHub()
     state = Path(opts.state_dir)
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if isolated:
+        isolation.prepare(settings, state, _code_paths())
+    else:
+        print(shared_note, flush=True)
     password = ensure_admin(state / "accounts.json", args.reset_admin_password)
+    if isolated:
+        _provision_all(state / "accounts.json")
 
     log_path = state / "hub.log"
     jupyterhub = Path(sys.executable).with_name("jupyterhub")

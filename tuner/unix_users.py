@@ -1,0 +1,281 @@
+"""One system user per hub account, so people on one machine are separated by the OS.
+
+Why: on a shared box every notebook server and trial used to run as the user running the hub;
+with ``tunehub up`` as root that meant anyone's notebook cell could read the hub's cookie
+secret, the accounts file and the tuner's database, and walk around every access check. When
+``TUNEHUB_UNIX_USERS=1`` (``tunehub up`` sets it when started as root), each account ``NAME``
+gets a system user ``tunehub-NAME`` (prefix: ``TUNEHUB_UNIX_USER_PREFIX``) with a private group
+of its own, membership of the shared group ``tunehub`` (``TUNEHUB_UNIX_GROUP``: the data store's
+group) and a home under ``$TUNEHUB_HOME/users/NAME``. Notebook servers and trials drop to that
+user before running anything of the person's (JupyterHub ``LocalProcessSpawner`` semantics:
+initgroups, setgid, setuid).
+
+Safety rules: a system user is ours only if its GECOS field says ``tunehub account NAME``; an
+existing user without that mark (``root``, someone's login, a name taken by hand) is never
+reused: the account gets no system user and its servers and trials are refused with the reason.
+A deleted account's user is locked (nologin, expired) with its files left in place; its
+processes are killed.
+"""
+
+from __future__ import annotations
+
+import grp
+import hashlib
+import os
+import pwd
+import re
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_ENABLED = "TUNEHUB_UNIX_USERS"
+ENV_PREFIX = "TUNEHUB_UNIX_USER_PREFIX"
+ENV_GROUP = "TUNEHUB_UNIX_GROUP"
+DEFAULT_PREFIX = "tunehub-"
+DEFAULT_GROUP = "tunehub"
+MARK = "tunehub account "
+LOGIN_SHELL = "/bin/bash"
+RETIRED_SHELL = "/usr/sbin/nologin"
+_MAX_LOGIN = 32  # Linux/shadow limit on user names
+_ACCOUNT_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
+_LOGIN_UNSAFE = re.compile(r"[^a-z0-9_-]")
+# What a process of a person may inherit from the platform's environment; anything else (the
+# tuner's hub token, database URL, ...) stays with the platform.
+ENV_KEEP = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
+            "TF_CPP_MIN_LOG_LEVEL")
+ENV_KEEP_PREFIXES = ("LC_",)
+
+
+class UnixUserError(RuntimeError):
+    """A system user cannot be made or used for an account; the message is for people."""
+
+
+def enabled(environ: dict[str, str] | os._Environ[str] | None = None) -> bool:
+    """Isolation is on: asked for (``TUNEHUB_UNIX_USERS=1``) and we are root."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_ENABLED, "") in ("1", "true", "yes", "on") and os.geteuid() == 0
+
+
+@dataclass(frozen=True)
+class UnixUser:
+    """The system user of one account."""
+
+    account: str
+    login: str
+    uid: int
+    gid: int
+    home: Path
+    retired: bool = False
+
+    def environment(self, base: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+        """``base`` reduced to what a person's process may see, plus its own identity."""
+        env = {k: v for k, v in base.items()
+               if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
+        env.update(HOME=str(self.home), USER=self.login, LOGNAME=self.login, SHELL=LOGIN_SHELL)
+        return env
+
+
+def privilege_dropper(user: UnixUser) -> Callable[[], None]:
+    """A function that makes the calling process ``user`` for good, for a child between fork
+    and exec: supplementary groups (looked up now, in the parent, so the child does not touch
+    the group database), then gid, then uid, as JupyterHub's ``set_user_setuid`` does. It raises
+    rather than carrying on as root."""
+    groups = os.getgrouplist(user.login, user.gid)
+
+    def drop() -> None:
+        os.setgroups(groups)
+        os.setgid(user.gid)
+        os.setuid(user.uid)
+        if os.geteuid() != user.uid or os.getegid() != user.gid or 0 in os.getgroups():
+            raise PermissionError(f"could not drop privileges to {user.login}")
+        os.umask(0o022)  # their files readable by their group, not writable
+
+    return drop
+
+
+class UnixUsers:
+    """Creates, finds and retires the system users of accounts."""
+
+    def __init__(self, homes: Path, prefix: str = DEFAULT_PREFIX,
+                 group: str = DEFAULT_GROUP) -> None:
+        self.homes = Path(homes)
+        self.prefix = prefix
+        self.group = group
+
+    @classmethod
+    def from_env(cls, home: Path, environ: dict[str, str] | None = None) -> UnixUsers:
+        """Homes under ``home/users``; prefix and group from the environment."""
+        env = os.environ if environ is None else environ
+        return cls(Path(home) / "users", env.get(ENV_PREFIX) or DEFAULT_PREFIX,
+                   env.get(ENV_GROUP) or DEFAULT_GROUP)
+
+    # --- names ---------------------------------------------------------------------------
+
+    def login_name(self, account: str) -> str:
+        """``prefix + account`` when that is a safe login; otherwise a sanitised, shortened
+        name with a hash of the account, so two accounts never map to one login."""
+        safe = _LOGIN_UNSAFE.sub("_", account.lower())
+        name = self.prefix + safe
+        if safe != account or len(name) > _MAX_LOGIN:
+            digest = hashlib.sha256(account.encode()).hexdigest()[:6]
+            name = f"{name[:_MAX_LOGIN - 7]}-{digest}"
+        return name
+
+    def home_of(self, account: str) -> Path:
+        return self.homes / account
+
+    # --- lookups -------------------------------------------------------------------------
+
+    def lookup(self, account: str) -> UnixUser | None:
+        """The account's system user, or ``None`` when it has none (or the name is taken by
+        a user that is not ours: that one is never used)."""
+        try:
+            entry = pwd.getpwnam(self.login_name(account))
+        except KeyError:
+            return None
+        if entry.pw_gecos != MARK + account or entry.pw_uid == 0:
+            return None
+        return UnixUser(account, entry.pw_name, entry.pw_uid, entry.pw_gid,
+                        Path(entry.pw_dir), retired=entry.pw_shell == RETIRED_SHELL)
+
+    def require(self, account: str) -> UnixUser:
+        """The account's active system user, or :class:`UnixUserError` saying why not."""
+        user = self.lookup(account)
+        if user is None:
+            raise UnixUserError(f"account {account!r} has no system user "
+                                f"{self.login_name(account)!r} (tunehub runs nothing of a "
+                                "person's as root)")
+        if user.retired:
+            raise UnixUserError(f"account {account!r} was deleted; its system user "
+                                f"{user.login} is locked")
+        return user
+
+    def group_id(self) -> int:
+        """The shared group (created on first use)."""
+        try:
+            return grp.getgrnam(self.group).gr_gid
+        except KeyError:
+            _run(["groupadd", "--system", self.group])
+            return grp.getgrnam(self.group).gr_gid
+
+    # --- changes -------------------------------------------------------------------------
+
+    def ensure(self, account: str) -> UnixUser:
+        """The account's system user, created (or re-enabled after a deletion) as needed, with
+        its home. Refuses names that are not account names and logins owned by others."""
+        if not _ACCOUNT_RE.match(account):
+            raise UnixUserError(f"account {account!r}: not a valid account name for a system "
+                                "user (1-32 of a-z 0-9 . _ -)")
+        login = self.login_name(account)
+        home = self.home_of(account)
+        self.group_id()
+        try:
+            entry = pwd.getpwnam(login)
+        except KeyError:
+            entry = None
+        if entry is None:
+            _run(["useradd", "--system", "--user-group", "--groups", self.group,
+                  "--home-dir", str(home), "--no-create-home", "--shell", LOGIN_SHELL,
+                  "--comment", MARK + account, login])
+        elif entry.pw_gecos != MARK + account or entry.pw_uid == 0:
+            raise UnixUserError(
+                f"account {account!r}: the system user {login!r} already exists and is not "
+                "tunehub's; rename or remove it (tunehub never reuses other users)")
+        elif entry.pw_shell == RETIRED_SHELL or entry.pw_dir != str(home):
+            _run(["usermod", "--expiredate", "", "--shell", LOGIN_SHELL, "--home", str(home),
+                  login])
+        user = self.lookup(account)
+        assert user is not None
+        self._make_home(user)
+        return user
+
+    def _make_home(self, user: UnixUser) -> None:
+        self.homes.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.homes, 0o711)  # traversable, not listable: nobody sees who else is here
+        try:
+            os.mkdir(user.home, 0o700)
+        except FileExistsError:
+            if user.home.is_symlink() or not user.home.is_dir():
+                raise UnixUserError(f"{user.home} is not a directory") from None
+            return  # an existing home keeps its owner and modes
+        os.chown(user.home, user.uid, user.gid)
+
+    def retire(self, account: str) -> UnixUser | None:
+        """Lock a deleted account's user and kill its processes; its files stay for an admin
+        to archive (``tar`` the home, then ``userdel``)."""
+        user = self.lookup(account)
+        if user is None:
+            return None
+        _run(["usermod", "--expiredate", "1", "--shell", RETIRED_SHELL, user.login])
+        kill_processes_of(user.uid)
+        return user
+
+
+def unreachable(paths: list[Path], gid: int) -> str | None:
+    """The first of ``paths`` a member of group ``gid`` with no other rights (uid ``nobody``)
+    cannot read, tried for real in a child process (so ACLs count), or ``None``."""
+    try:
+        nobody = pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        nobody = 65534
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            os.close(read_end)
+            os.setgroups([gid])
+            os.setgid(gid)
+            os.setuid(nobody)
+            for path in paths:
+                try:
+                    if path.is_dir():
+                        os.listdir(path)
+                    else:
+                        with open(path, "rb") as fh:
+                            fh.read(1)
+                except OSError as exc:
+                    os.write(write_end, f"{path} ({exc.strerror})".encode())
+                    break
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        failed = pipe.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return failed or None
+
+
+def kill_processes_of(uid: int) -> list[int]:
+    """SIGKILL every process whose real or effective uid is ``uid`` (never uid 0)."""
+    if uid == 0:
+        return []
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        uids = next((line.split()[1:3] for line in status.splitlines()
+                     if line.startswith("Uid:")), [])
+        if str(uid) in uids:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def _run(argv: list[str]) -> None:
+    try:
+        subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise UnixUserError(f"{argv[0]} not found: system users need the passwd package "
+                            "(useradd, usermod, groupadd)") from None
+    except subprocess.CalledProcessError as exc:
+        raise UnixUserError(f"{' '.join(argv[:1])} {argv[-1]}: "
+                            f"{(exc.stderr or '').strip() or exc.returncode}") from None
