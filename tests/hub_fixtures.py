@@ -4,6 +4,7 @@ service, idle culler) on free ports with its state in a temporary ``TUNEHUB_HOME
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import pwd
 import re
@@ -129,8 +130,12 @@ def system_users_for_test() -> Iterator[tuple[Path | None, dict[str, str]]]:
     subprocess.run(["groupadd", "--system", group], check=True)
     base = Path(tempfile.mkdtemp(prefix="tunehub-test-"))
     os.chmod(base, 0o711)
-    granted = [d for d in _closed_ancestors() if subprocess.run(
-        ["setfacl", "-m", f"g:{group}:x", str(d)], check=False).returncode == 0]
+    gid = grp.getgrnam(group).gr_gid
+    granted = {}  # directory -> its ACL before, to put back exactly
+    for d in _closed_ancestors():
+        before = subprocess.run(["getfacl", "-cp", str(d)], capture_output=True, text=True)
+        if subprocess.run(["setfacl", "-m", f"g:{gid}:x", str(d)]).returncode == 0:
+            granted[d] = before.stdout
     try:
         yield base, {"TUNEHUB_UNIX_USER_PREFIX": prefix, "TUNEHUB_UNIX_GROUP": group}
     finally:
@@ -138,9 +143,10 @@ def system_users_for_test() -> Iterator[tuple[Path | None, dict[str, str]]]:
             if entry.pw_name.startswith(prefix):
                 kill_processes_of(entry.pw_uid)
                 subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
+        for d, acl in granted.items():
+            subprocess.run(["setfacl", "-b", str(d)], check=False)
+            subprocess.run(["setfacl", "-M", "-", str(d)], input=acl, text=True, check=False)
         subprocess.run(["groupdel", group], check=False, capture_output=True)
-        for d in granted:
-            subprocess.run(["setfacl", "-x", f"g:{group}", str(d)], check=False)
         shutil.rmtree(base, ignore_errors=True)
 
 

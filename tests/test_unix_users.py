@@ -48,10 +48,11 @@ async def _execute(url: str, user: str, token: str, code: str, timeout: float) -
                     "user_expressions": {}, "allow_stdin": False},
     }))
     out: list[str] = []
+    replied = idle = False
     loop = IOLoop.current()
     deadline = loop.time() + timeout
-    while True:
-        raw = await ws.read_message()  # the kernel's messages, until our cell's reply
+    while not (replied and idle):  # the reply (shell) and the end of the outputs (iopub)
+        raw = await ws.read_message()
         assert raw is not None, "the kernel's websocket closed"
         assert loop.time() < deadline, f"cell did not finish in {timeout}s: {''.join(out)}"
         if isinstance(raw, bytes):
@@ -65,8 +66,11 @@ async def _execute(url: str, user: str, token: str, code: str, timeout: float) -
         elif kind == "error":
             raise AssertionError("\n".join(msg["content"]["traceback"]) + "".join(out))
         elif kind == "execute_reply":
-            ws.close()
-            return "".join(out)
+            replied = True
+        elif kind == "status" and msg["content"]["execution_state"] == "idle":
+            idle = True
+    ws.close()
+    return "".join(out)
 
 
 def run_cell(platform: Platform, user: str, token: str, code: str, timeout: float = 120) -> Any:

@@ -34,12 +34,22 @@ class Settings:
         return self
 
 
+SYSTEM_HOME = Path("/var/lib/tunehub")
+
+
+def default_home() -> Path:
+    """``~/.tunehub``; for root ``/var/lib/tunehub`` (root's home is closed to the system users
+    people's notebooks and trials run as), unless a ``~/.tunehub`` of root's already exists."""
+    own = Path.home() / ".tunehub"
+    return SYSTEM_HOME if os.geteuid() == 0 and not own.exists() else own
+
+
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
-    """Read settings: ``TUNEHUB_HOME`` (default ``~/.tunehub``), ``TUNEHUB_DB_URL`` (default a
+    """Read settings: ``TUNEHUB_HOME`` (default :func:`default_home`), ``TUNEHUB_DB_URL`` (default a
     SQLite file in the home), ``TUNEHUB_DATA`` (default ``$TUNEHUB_HOME/data``) and
     ``TUNEHUB_REGISTRY`` (default ``$TUNEHUB_DATA/models``, so serving reads the data store)."""
     env = os.environ if environ is None else environ
-    home = Path(env.get("TUNEHUB_HOME") or Path.home() / ".tunehub").expanduser().resolve()
+    home = Path(env.get("TUNEHUB_HOME") or default_home()).expanduser().resolve()
     db_url = env.get("TUNEHUB_DB_URL") or f"sqlite:///{home / 'tunehub.sqlite'}"
     data = Path(env.get("TUNEHUB_DATA") or home / "data").expanduser().resolve()
     registry = Path(env.get("TUNEHUB_REGISTRY") or data / "models").expanduser().resolve()

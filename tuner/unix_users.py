@@ -26,7 +26,7 @@ import pwd
 import re
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,9 +213,10 @@ class UnixUsers:
         return user
 
 
-def unreachable(paths: list[Path], gid: int) -> str | None:
-    """The first of ``paths`` a member of group ``gid`` with no other rights (uid ``nobody``)
-    cannot read, tried for real in a child process (so ACLs count), or ``None``."""
+def unreachable(readable: Sequence[Path], gid: int, passable: Sequence[Path] = ()) -> str | None:
+    """The first path a member of group ``gid`` with no other rights (uid ``nobody``) cannot
+    read (``readable``) or reach (``passable``), tried for real in a child process so ACLs
+    count; ``None`` when all is well."""
     try:
         nobody = pwd.getpwnam("nobody").pw_uid
     except KeyError:
@@ -228,9 +229,11 @@ def unreachable(paths: list[Path], gid: int) -> str | None:
             os.setgroups([gid])
             os.setgid(gid)
             os.setuid(nobody)
-            for path in paths:
+            for path, read in [*((p, True) for p in readable), *((p, False) for p in passable)]:
                 try:
-                    if path.is_dir():
+                    if not read:
+                        os.stat(path)
+                    elif path.is_dir():
                         os.listdir(path)
                     else:
                         with open(path, "rb") as fh:

@@ -17,6 +17,7 @@ from typing import Literal
 from tuner.spec import Resources, SweepSpec
 
 EventKind = Literal["started", "succeeded", "failed"]
+Ignore = Callable[[str, list[str]], set[str]]  # what shutil.copytree leaves out
 
 # How a "started" event's reason begins when the trial paid its imports itself.
 COLD = "cold start"
@@ -88,14 +89,8 @@ class Backend(abc.ABC):
         """Raise :class:`tuner.spec.SpecError` when this backend can never run ``spec``'s
         trials (more GPUs than exist, unknown GPU type): refuse at submission, not later."""
 
-    def snapshot_code(
-        self,
-        source: Path | None,
-        target: Path,
-        ignore: Callable[[str, list[str]], set[str]],
-        files: dict[str, bytes],
-        owner: str,
-    ) -> None:
+    def snapshot_code(self, source: Path | None, target: Path, ignore: Ignore,
+                      files: dict[str, bytes], owner: str) -> None:
         """Copy a sweep's code (``source``, may be ``None``) plus ``files`` into ``target``, which
         does not exist yet. A backend that runs trials as their owner copies with the owner's
         rights, so nobody snapshots what they could not read."""

@@ -19,12 +19,11 @@ import shlex
 import signal
 import stat
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from tuner import metrics, unix_users
 from tuner.backends import ownership
-from tuner.backends._base import COLD, Backend, TrialEvent, TrialLaunch
+from tuner.backends._base import COLD, Backend, Ignore, TrialEvent, TrialLaunch
 from tuner.backends.gpus import GpuPool, discover_gpus
 from tuner.backends.warm import Zygote, preload_for
 from tuner.backends.zygote import warm_argv
@@ -152,14 +151,8 @@ class LocalBackend(Backend):
         self.gpus.release(gpus)
         return True
 
-    def snapshot_code(
-        self,
-        source: Path | None,
-        target: Path,
-        ignore: Callable[[str, list[str]], set[str]],
-        files: dict[str, bytes],
-        owner: str,
-    ) -> None:
+    def snapshot_code(self, source: Path | None, target: Path, ignore: Ignore,
+                      files: dict[str, bytes], owner: str) -> None:
         if self.unix is None:
             super().snapshot_code(source, target, ignore, files, owner)
             return

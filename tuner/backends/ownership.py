@@ -21,9 +21,9 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Callable
 from pathlib import Path
 
+from tuner.backends._base import Ignore
 from tuner.unix_users import UnixUser, privilege_dropper
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -97,7 +97,7 @@ def snapshot_as(
     user: UnixUser,
     source: Path | None,
     target: Path,
-    ignore: Callable[[str, list[str]], set[str]],
+    ignore: Ignore,
     files: dict[str, bytes],
 ) -> None:
     """Copy ``source`` (and ``files``) into ``target`` in a child process running as ``user``,

@@ -53,24 +53,16 @@ def decide(environ: dict[str, str]) -> tuple[bool, str | None]:
 
 
 def prepare(settings: Settings, state_dir: Path, code_paths: list[Path]) -> None:
-    """Lay out the platform's files for isolated people (see the module text), after checking
-    that their processes can run this Python and import tunehub at all."""
+    """Lay out the platform's files for isolated people (see the module text), then check that
+    their processes can run this Python, import tunehub and reach their homes at all."""
     users = unix_users.UnixUsers.from_env(settings.home)
     gid = users.group_id()
-    blocked = unix_users.unreachable(
-        [Path(sys.executable), Path(sys.base_prefix) / "lib", *code_paths], gid)
-    if blocked:
-        raise CliError(
-            f"people's servers and trials run as their own users, who cannot reach {blocked}; "
-            "make it readable by others (chmod o+rx on the directories above it), install "
-            f"tunehub somewhere shared, or set {unix_users.ENV_ENABLED}=0 (no isolation)")
     os.umask(0o077)  # whatever the platform creates from here on is its own
     os.chmod(settings.home, 0o711)
     state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(state_dir, 0o700)
-    for private in (settings.gpu_locks_dir,):
-        private.mkdir(parents=True, exist_ok=True)
-        os.chmod(private, 0o700)
+    settings.gpu_locks_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(settings.gpu_locks_dir, 0o700)
     for path in settings.home.iterdir():
         if path.is_file() and not path.is_symlink():
             os.chmod(path, 0o600)  # the tuner database (SQLite) and its journal, secrets
@@ -81,3 +73,12 @@ def prepare(settings: Settings, state_dir: Path, code_paths: list[Path]) -> None
     os.chmod(settings.data, 0o3775)
     settings.registry.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.registry, 0o700)
+    blocked = unix_users.unreachable(
+        [Path(sys.executable), Path(sys.base_prefix) / "lib", *code_paths, settings.data],
+        gid, passable=[users.homes, settings.sweeps_dir])
+    if blocked:
+        raise CliError(
+            f"people's servers and trials run as their own users, who cannot reach {blocked}; "
+            "let others pass the directories above it (chmod o+x), put TUNEHUB_HOME and "
+            f"TUNEHUB_DATA somewhere shared (e.g. /srv/tunehub), or set "
+            f"{unix_users.ENV_ENABLED}=0 (no isolation between people)")

@@ -123,9 +123,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise CliError(f"--config: {args.config} not found (run from a tunehub checkout, or "
                        "pass the hub config file)")
     _check_port_free(args.ip, args.port)
-    settings = load_settings().ensure_dirs()
+    unix_env = dict(os.environ)
+    isolated, shared_note = isolation.decide(unix_env)
+    settings = load_settings(unix_env).ensure_dirs()
     env = {
-        **os.environ,
+        **unix_env,
         "TUNEHUB_HOME": str(settings.home),
         "TUNEHUB_MODE": "local",
         "TUNEHUB_IP": args.ip,
@@ -134,7 +136,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         "TUNEHUB_PROXY_API_PORT": os.environ.get("TUNEHUB_PROXY_API_PORT") or str(free_port()),
         "TUNEHUB_TUNER_PORT": os.environ.get("TUNEHUB_TUNER_PORT") or str(free_port()),
     }
-    isolated, shared_note = isolation.decide(env)
     os.environ.update(env)  # so the hub options below resolve as the hub will
     opts = TunehubHub()
     state = Path(opts.state_dir)

@@ -1,0 +1,113 @@
+"""System users of accounts (real ``useradd`` as root): names that are safe and never collide,
+never reusing a user that is not tunehub's (``root`` included), homes only their owner can
+open, and a deleted account locked with its processes gone and its files kept."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.hub_fixtures import system_users_for_test
+from tests.polling import wait_for
+from tuner.backends.ownership import chown_tree
+from tuner.unix_users import MARK, RETIRED_SHELL, UnixUserError, UnixUsers
+
+
+@pytest.fixture
+def users() -> Iterator[UnixUsers]:
+    assert os.geteuid() == 0, "this test needs root (the suite runs as root on this machine)"
+    with system_users_for_test() as (base, env):
+        assert base is not None
+        yield UnixUsers(base / "users", env["TUNEHUB_UNIX_USER_PREFIX"],
+                        env["TUNEHUB_UNIX_GROUP"])
+
+
+def test_login_names_are_safe_short_and_distinct(users: UnixUsers) -> None:
+    assert users.login_name("alice") == users.prefix + "alice"
+    dotted, underscored = users.login_name("a.b"), users.login_name("a_b")
+    assert dotted != underscored and "." not in dotted
+    long_a, long_b = users.login_name("x" * 31 + "a"), users.login_name("x" * 31 + "b")
+    assert long_a != long_b and len(long_a) <= 32 and len(long_b) <= 32
+
+
+def test_an_account_gets_a_private_home_and_its_user_is_reused_only_if_ours(
+    users: UnixUsers,
+) -> None:
+    alice = users.ensure("alice")
+    entry = pwd.getpwnam(alice.login)
+    assert entry.pw_gecos == MARK + "alice" and alice.uid != 0
+    st = alice.home.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice.uid, 0o700)
+    assert stat.S_IMODE(users.homes.stat().st_mode) == 0o711
+    assert users.group in {g for g in _groups(alice.login)}
+    assert users.ensure("alice") == alice  # idempotent: same user, same home
+
+    # A user at that login that is not ours (made by hand) is never taken over.
+    taken = users.login_name("mallory")
+    subprocess.run(["useradd", "--system", "--no-create-home", taken], check=True)
+    with pytest.raises(UnixUserError, match="already exists and is not tunehub's"):
+        users.ensure("mallory")
+    assert users.lookup("mallory") is None
+    with pytest.raises(UnixUserError, match="has no system user"):
+        users.require("mallory")
+
+    # Not even root, whatever the prefix.
+    bare = UnixUsers(users.homes, prefix="", group=users.group)
+    with pytest.raises(UnixUserError, match="not tunehub's"):
+        bare.ensure("root")
+    assert bare.lookup("root") is None
+    for bad in ("../etc", "Alice", "", "a" * 40):
+        with pytest.raises(UnixUserError, match="not a valid account name"):
+            users.ensure(bad)
+
+
+def test_retiring_kills_its_processes_locks_it_and_keeps_its_files(users: UnixUsers) -> None:
+    bob = users.ensure("bob")
+    (bob.home / "notes.txt").write_text("keep me")
+    proc = subprocess.Popen(["sleep", "600"], user=bob.uid, group=bob.gid)
+    users.retire("bob")
+    wait_for(lambda: proc.poll() is not None, timeout=30, what="bob's process to be killed")
+    assert pwd.getpwnam(bob.login).pw_shell == RETIRED_SHELL
+    with pytest.raises(UnixUserError, match="was deleted"):
+        users.require("bob")
+    assert (bob.home / "notes.txt").read_text() == "keep me"
+    # The same account made again gets its user (and files) back.
+    assert users.ensure("bob").retired is False
+
+
+def test_sealing_artifacts_drops_links_and_never_follows_them(
+    users: UnixUsers, tmp_path: Path
+) -> None:
+    """What a trial leaves for the registry becomes root's, read-only, without links: a link
+    to a secret can neither be copied out nor have its target's owner changed."""
+    carol = users.ensure("carol")
+    secret = tmp_path / "secret"
+    secret.write_text("platform secret")
+    os.chmod(secret, 0o600)
+    art = users.homes / "art"
+    (art / "model" / "variables").mkdir(parents=True)
+    (art / "model" / "saved_model.pb").write_bytes(b"pb")
+    (art / "model" / "variables" / "leak").symlink_to(secret)
+    (art / "link-dir").symlink_to(tmp_path, target_is_directory=True)
+    chown_tree(art, carol.uid, carol.gid, dir_mode=0o700)
+    assert (art / "model" / "saved_model.pb").stat().st_uid == carol.uid
+    assert secret.stat().st_uid == 0 and tmp_path.stat().st_uid == 0  # links not followed
+    chown_tree(art, 0, 0, dir_mode=0o755)
+    assert not (art / "link-dir").is_symlink() and not (art / "link-dir").exists()
+    assert not (art / "model" / "variables" / "leak").exists()
+    st = (art / "model" / "saved_model.pb").stat()
+    assert st.st_uid == 0 and not st.st_mode & 0o022
+    assert secret.read_text() == "platform secret" and secret.stat().st_uid == 0
+
+
+def _groups(login: str) -> list[str]:
+    import grp
+
+    entry = pwd.getpwnam(login)
+    return [grp.getgrgid(g).gr_name for g in os.getgrouplist(login, entry.pw_gid)]
