@@ -111,3 +111,18 @@ def _groups(login: str) -> list[str]:
 
     entry = pwd.getpwnam(login)
     return [grp.getgrgid(g).gr_name for g in os.getgrouplist(login, entry.pw_gid)]
+
+
+def test_roots_default_home_is_one_others_can_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root's ``~`` is closed to others, so its default home is ``/var/lib/tunehub``; an
+    existing ``~/.tunehub`` of root's is kept (its state is not silently left behind)."""
+    from tuner.settings import SYSTEM_HOME, load_settings
+
+    assert os.geteuid() == 0, "this test needs root (the suite runs as root on this machine)"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_settings({}).home == SYSTEM_HOME
+    (tmp_path / ".tunehub").mkdir()
+    assert load_settings({}).home == tmp_path / ".tunehub"
+    assert load_settings({"TUNEHUB_HOME": str(tmp_path / "x")}).home == tmp_path / "x"

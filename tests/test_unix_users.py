@@ -124,9 +124,15 @@ try:
 except PermissionError:
     print("cookie secret: refused")
 print("tuner token in my environment:", "JUPYTERHUB_API_TOKEN" in os.environ)
+try:
+    os.unlink("trial.log")  # to put a link to a secret in its place, for the logs API
+    print("trial.log: REMOVED")
+except PermissionError:
+    print("trial.log: kept")
 module = tf.Module()
 module.x = tf.Variable(p["x"])
-tuner.save_model(module)
+saved = tuner.save_model(module)
+os.symlink(os.environ["COOKIE"], saved / "leak")  # for the registry to copy, it hopes
 tuner.report(os.getuid() + p["x"])
 """
 
@@ -201,8 +207,12 @@ def test_people_are_separated_by_the_os_and_their_sweeps_still_work(
     log = people["alice"].client.get(f"{api}/sweeps/{alice_sweep}/trials/0/logs").text
     assert f"running as uid {facts['alice']['uid']}" in log, log
     assert "cookie secret: refused" in log and "in my environment: False" in log, log
+    assert "trial.log: kept" in log, log
     versions = people["alice"].call("GET", f"{api}/models/alice-model", 200)
-    assert any(v.get("stage") == "production" for v in versions), versions
+    assert [v["stage"] for v in versions] == ["production"], versions
+    registered = Path(versions[0]["path"])
+    assert (registered / "saved_model.pb").is_file()
+    assert not (registered / "leak").exists() and not (registered / "leak").is_symlink()
     people["bob"].call("GET", f"{api}/models/alice-model", 404)
 
     # A snapshot is taken with the submitter's rights: not of the hub's state, nor bob's home.
