@@ -126,3 +126,22 @@ def test_roots_default_home_is_one_others_can_pass(
     (tmp_path / ".tunehub").mkdir()
     assert load_settings({}).home == tmp_path / ".tunehub"
     assert load_settings({"TUNEHUB_HOME": str(tmp_path / "x")}).home == tmp_path / "x"
+
+
+def test_up_finds_what_people_cannot_reach_and_names_the_closed_directory(
+    users: UnixUsers,
+) -> None:
+    from tuner.unix_users import unreachable
+
+    gid = users.group_id()
+    open_dir = users.homes.parent / "shared"
+    closed = users.homes.parent / "private"
+    for d, mode in ((open_dir, 0o755), (closed, 0o700)):
+        d.mkdir()
+        os.chmod(d, mode)
+        (d / "python").write_text("")
+        os.chmod(d / "python", 0o755)
+    (open_dir / "link").symlink_to(closed / "python")
+    assert unreachable([open_dir / "python", open_dir], gid) is None
+    found = unreachable([open_dir / "python", open_dir / "link"], gid)
+    assert found == f"{open_dir / 'link'} (Permission denied; {closed} is closed to others)"

@@ -239,7 +239,7 @@ def unreachable(readable: Sequence[Path], gid: int, passable: Sequence[Path] = (
                         with open(path, "rb") as fh:
                             fh.read(1)
                 except OSError as exc:
-                    os.write(write_end, f"{path} ({exc.strerror})".encode())
+                    os.write(write_end, f"{path} ({exc.strerror}{_closed_dir(path)})".encode())
                     break
         finally:
             os._exit(0)
@@ -248,6 +248,17 @@ def unreachable(readable: Sequence[Path], gid: int, passable: Sequence[Path] = (
         failed = pipe.read().decode(errors="replace")
     os.waitpid(pid, 0)
     return failed or None
+
+
+def _closed_dir(path: Path) -> str:
+    """Which directory on the way to ``path`` (links resolved) stops the caller, as text."""
+    real = Path(os.path.realpath(path))
+    for parent in reversed(real.parents):  # from / down
+        try:
+            os.stat(parent / real.relative_to(parent).parts[0])
+        except OSError:
+            return f"; {parent} is closed to others"
+    return ""
 
 
 def kill_processes_of(uid: int) -> list[int]:
