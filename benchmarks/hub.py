@@ -30,7 +30,10 @@ def hub_env(home: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TUNEHUB_") and k not in ("JUPYTERHUB_API_TOKEN",)}
     env.update({"TUNEHUB_HOME": str(home), "TUNEHUB_LOCAL_GPUS": "",
-                "TUNEHUB_PORT": str(port), "PYTHONUNBUFFERED": "1"})
+                "TUNEHUB_PORT": str(port), "PYTHONUNBUFFERED": "1",
+                # Run as root, tunehub up would make a system user per simulated person and
+                # leave them on the machine; the benchmark measures the hub, not isolation.
+                "TUNEHUB_UNIX_USERS": "0"})
     return env
 
 
