@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,23 @@ def test_deleting_an_account_stops_its_servers_and_trials_and_keeps_its_files(
     assert trial["state"] == "failed", trial
     assert (carol.home / "notes.txt").read_text() == "keep me"  # left for an admin to archive
     assert pwd.getpwnam(carol.login).pw_shell == RETIRED_SHELL
+
+
+def test_an_account_whose_login_is_taken_by_someone_else_runs_nothing(
+    platform: Platform,
+) -> None:
+    """A system user at the account's login that tunehub did not make is never used: the
+    server is refused with the reason (a 400), not started as that user or as root."""
+    assert os.geteuid() == 0, "this test needs root (the suite runs as root on this machine)"
+    taken = UnixUsers.from_env(platform.home, platform.env).login_name("mallory")
+    subprocess.run(["useradd", "--system", "--no-create-home", taken], check=True)
+    platform.start()
+    admin = Hub(platform.url, login_token(platform.url, "admin", platform.password or ""))
+    admin.call("POST", "hub/api/users/mallory", 201)
+    r = admin.client.post("hub/api/users/mallory/server", json={"profile": "cpu"})
+    assert r.status_code == 400, r.text
+    assert f"the system user {taken!r} already exists and is not tunehub's" in r.text, r.text
+    assert _processes_of(pwd.getpwnam(taken).pw_uid) == 0
 
 
 def _processes_of(uid: int) -> int:
