@@ -11,7 +11,6 @@ import re
 import secrets
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import pytest
 
 from tests.polling import wait_for
 from tests.service_fixtures import free_port
+from tuner import unix_users
 from tuner.unix_users import kill_processes_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,11 +131,8 @@ def system_users_for_test() -> Iterator[tuple[Path | None, dict[str, str]]]:
     base = Path(tempfile.mkdtemp(prefix="tunehub-test-"))
     os.chmod(base, 0o711)
     gid = grp.getgrnam(group).gr_gid
-    granted = {}  # directory -> its ACL before, to put back exactly
-    for d in _closed_ancestors():
-        before = subprocess.run(["getfacl", "-cp", str(d)], capture_output=True, text=True)
-        if subprocess.run(["setfacl", "-m", f"g:{gid}:x", str(d)]).returncode == 0:
-            granted[d] = before.stdout
+    granted = unix_users.grant_passage(gid, unix_users.closed_ancestors(
+        [Path(sys.executable), Path(sys.base_prefix), REPO]))
     try:
         yield base, {"TUNEHUB_UNIX_USER_PREFIX": prefix, "TUNEHUB_UNIX_GROUP": group}
     finally:
@@ -143,19 +140,6 @@ def system_users_for_test() -> Iterator[tuple[Path | None, dict[str, str]]]:
             if entry.pw_name.startswith(prefix):
                 kill_processes_of(entry.pw_uid)
                 subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
-        for d, acl in granted.items():
-            subprocess.run(["setfacl", "-b", str(d)], check=False)
-            subprocess.run(["setfacl", "-M", "-", str(d)], input=acl, text=True, check=False)
+        unix_users.restore_acls(granted)
         subprocess.run(["groupdel", group], check=False, capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _closed_ancestors() -> list[Path]:
-    """Directories above this Python and the code that others cannot pass."""
-    paths = {Path(os.path.realpath(sys.executable)), Path(sys.base_prefix).resolve(), REPO}
-    closed = set()
-    for path in paths:
-        for parent in path.parents:
-            if not parent.stat().st_mode & stat.S_IXOTH:
-                closed.add(parent)
-    return sorted(closed)

@@ -25,6 +25,7 @@ import os
 import pwd
 import re
 import signal
+import stat
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -248,6 +249,43 @@ def unreachable(readable: Sequence[Path], gid: int, passable: Sequence[Path] = (
         failed = pipe.read().decode(errors="replace")
     os.waitpid(pid, 0)
     return failed or None
+
+
+def closed_ancestors(paths: Sequence[Path]) -> list[Path]:
+    """The directories above ``paths`` (links resolved) that others cannot pass: a Python
+    under ``/root/.pyenv`` or a checkout in a 0700 home keep everyone else's processes out."""
+    closed = set()
+    for path in paths:
+        for parent in Path(os.path.realpath(path)).parents:
+            try:
+                if not parent.stat().st_mode & stat.S_IXOTH:
+                    closed.add(parent)
+            except OSError:
+                continue
+    return sorted(closed)
+
+
+def grant_passage(gid: int, directories: Sequence[Path]) -> dict[Path, str]:
+    """Let group ``gid`` pass ``directories`` (an ACL entry, execute only: no listing, no
+    reading) and return each directory's ACL as it was (``getfacl`` text), to put back with
+    :func:`restore_acls`. Directories whose ACL cannot be changed are left out."""
+    before: dict[Path, str] = {}
+    for d in directories:
+        try:
+            old = subprocess.run(["getfacl", "-cp", str(d)], capture_output=True, text=True,
+                                 check=True).stdout
+            subprocess.run(["setfacl", "-m", f"g:{gid}:x", str(d)], capture_output=True,
+                           check=True)
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        before[d] = old
+    return before
+
+
+def restore_acls(before: dict[Path, str]) -> None:
+    for d, acl in before.items():
+        subprocess.run(["setfacl", "-b", str(d)], check=False)
+        subprocess.run(["setfacl", "-M", "-", str(d)], input=acl, text=True, check=False)
 
 
 def _closed_dir(path: Path) -> str:

@@ -73,9 +73,15 @@ def prepare(settings: Settings, state_dir: Path, code_paths: list[Path]) -> None
     os.chmod(settings.data, 0o3775)
     settings.registry.mkdir(parents=True, exist_ok=True)
     os.chmod(settings.registry, 0o700)
-    blocked = unix_users.unreachable(
-        [Path(sys.executable), Path(sys.base_prefix) / "lib", *code_paths, settings.data],
-        gid, passable=[users.homes, settings.sweeps_dir])
+    needed = [Path(sys.executable), Path(sys.base_prefix) / "lib", *code_paths, settings.data]
+    closed = unix_users.closed_ancestors([*needed, users.homes, settings.sweeps_dir])
+    granted = unix_users.grant_passage(gid, closed)
+    if granted:
+        # A Python under /root/.pyenv, a checkout in a closed home: people's processes must
+        # pass those directories to run it; passing is all they get (no listing, no reading).
+        print("tunehub: people's processes may now pass (not list or read) "
+              + ", ".join(map(str, granted)) + " (ACL, execute only)", flush=True)
+    blocked = unix_users.unreachable(needed, gid, passable=[users.homes, settings.sweeps_dir])
     if blocked:
         raise CliError(
             f"people's servers and trials run as their own users, who cannot reach {blocked}; "
