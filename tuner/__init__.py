@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.trial import Pruned, artifact_dir, data_dir, in_trial, params, report, save_model
+from tuner.trial import (
+    Pruned,
+    artifact_dir,
+    data_dir,
+    in_trial,
+    is_chief,
+    params,
+    report,
+    save_model,
+)
 
 __all__ = [
     "Pruned",
@@ -21,6 +30,7 @@ __all__ = [
     "artifact_dir",
     "data_dir",
     "in_trial",
+    "is_chief",
     "keras",
     "params",
     "report",

@@ -42,6 +42,25 @@ def in_trial() -> bool:
     return bool(os.environ.get(ENV_TRIAL_ID))
 
 
+def is_chief() -> bool:
+    """Whether this process is the worker that speaks for a multi-worker trial (``workers: N``):
+    ``TF_CONFIG``'s ``chief`` task, or worker 0 when the cluster has no chief (how tunehub
+    starts workers, locally and as an Indexed Job). Only the chief reports and saves the model;
+    the others run the same script unchanged. True for ordinary single-process trials."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return True
+    try:
+        config = json.loads(raw)
+        task = config.get("task") or {}
+        kind, index = task.get("type"), int(task.get("index", 0))
+    except (ValueError, TypeError, AttributeError):
+        return True
+    if "chief" in (config.get("cluster") or {}):
+        return kind == "chief"
+    return kind in (None, "worker") and index == 0
+
+
 def params(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """This trial's hyperparameters laid over ``defaults``; outside a sweep, the defaults."""
     merged = dict(defaults or {})
@@ -73,10 +92,12 @@ def report(value: float, step: int | None = None, last: bool = False) -> None:
     pruner judges; the last reported value is the trial's result. ``last=True`` says this is
     the trial's final step: it is never pruned there (it has trained to the end).
 
-    Raises :class:`Pruned` when the pruner says stop. A no-op outside a sweep.
+    Raises :class:`Pruned` when the pruner says stop. A no-op outside a sweep, and on the
+    workers of a multi-worker trial other than the chief (:func:`is_chief`): the chief's values
+    are the trial's (metrics of a distributed ``fit`` are already reduced across workers).
     """
     value = float(value)
-    if not in_trial():
+    if not in_trial() or not is_chief():
         return
     body = {
         "value": value,
@@ -92,19 +113,37 @@ def report(value: float, step: int | None = None, last: bool = False) -> None:
 
 def save_model(model: Any, name: str = "model") -> Path:
     """Export a Keras model as a TensorFlow SavedModel into the trial's artifact directory,
-    the layout TensorFlow Serving loads; the sweep's best trial's export is registered."""
+    the layout TensorFlow Serving loads; the sweep's best trial's export is registered.
+
+    In a multi-worker trial every worker must call it (saving distributed variables can take
+    part in collective ops); only the chief's export is kept, the others go to a temporary
+    directory that is removed again."""
+    if not is_chief():
+        import shutil
+        import tempfile
+
+        scratch = Path(tempfile.mkdtemp(prefix="tunehub-worker-export-"))
+        try:
+            _export(model, scratch / name)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return scratch / name
     target = artifact_dir() / name
     if target.exists():
         import shutil
 
         shutil.rmtree(target)
+    _export(model, target)
+    return target
+
+
+def _export(model: Any, target: Path) -> None:
     if hasattr(model, "export"):  # Keras 3: an inference SavedModel with a serving signature
         model.export(str(target), format="tf_saved_model", verbose=False)
     else:  # a plain tf.Module
         import tensorflow as tf
 
         tf.saved_model.save(model, str(target))
-    return target
 
 
 def _post(path: str, body: dict[str, Any]) -> dict[str, Any]:

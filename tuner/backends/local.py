@@ -25,6 +25,7 @@ from tuner import metrics, unix_users
 from tuner.backends import ownership
 from tuner.backends._base import COLD, Backend, Ignore, TrialEvent, TrialLaunch
 from tuner.backends.gpus import GpuPool, discover_gpus
+from tuner.backends.multiworker import SIBLING_GRACE_SECONDS, free_ports, tf_config, worker_log
 from tuner.backends.warm import Zygote, preload_for
 from tuner.backends.zygote import warm_argv
 from tuner.spec import Resources, SpecError, SweepSpec
@@ -62,7 +63,7 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _write_pid(path: Path, pid: int) -> None:
+def _write_pid(path: Path, pids: list[int]) -> None:
     """Root's pid file in a directory the trial's owner may write to: whatever they put at
     that name is replaced, and a link is never followed (it is only a hint for reconcile)."""
     try:
@@ -77,20 +78,29 @@ def _write_pid(path: Path, pid: int) -> None:
     except OSError:
         return
     with open(fd, "w") as fh:
-        fh.write(str(pid))
+        fh.write("\n".join(str(pid) for pid in pids))  # one per worker, the chief first
 
 
 class _Attempt:
+    """The processes of one attempt: one per worker, worker 0 (the chief) first."""
+
     def __init__(
-        self, launch: TrialLaunch, pid: int, done: asyncio.Future[int], gpus: list[str],
+        self, launch: TrialLaunch, procs: list[tuple[int, asyncio.Future[int]]], gpus: list[str],
         owner: unix_users.UnixUser | None = None,
     ) -> None:
         self.launch = launch
-        self.pid = pid
-        self.done = done  # the exit code: negative for a signal
+        self.procs = procs  # (pid = process group, future of the exit code: <0 for a signal)
         self.gpus = gpus
         self.owner = owner
         self.stop_reason: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.procs[0][0]
+
+    @property
+    def done(self) -> asyncio.Future[int]:
+        return self.procs[0][1]
 
 
 class LocalBackend(Backend):
@@ -126,10 +136,11 @@ class LocalBackend(Backend):
 
     def check(self, spec: SweepSpec) -> None:
         res = spec.resources
-        if res.gpu > self.gpus.total:
+        if res.gpu * res.workers > self.gpus.total:
+            per = f" × {res.workers} workers" if res.workers > 1 else ""
             raise SpecError(
                 "resources.gpu",
-                f"{res.gpu} GPU(s) per trial requested but this machine offers "
+                f"{res.gpu} GPU(s){per} per trial requested but this machine offers "
                 f"{self.gpus.total} ({self.gpu_source}); trials are not run on the CPU "
                 "instead. Set gpu: 0 to train on the CPU.",
             )
@@ -139,13 +150,9 @@ class LocalBackend(Backend):
                 "the local backend cannot choose GPU types; remove it or use the "
                 "kubernetes backend",
             )
-        if res.workers > 1:
-            raise SpecError(
-                "resources.workers", "multi-worker trials need the kubernetes backend"
-            )
 
     def can_launch(self, resources: Resources) -> bool:
-        gpus = self.gpus.acquire(resources.gpu)
+        gpus = self.gpus.acquire(resources.gpu * resources.workers)
         if gpus is None:
             return False
         self.gpus.release(gpus)
@@ -173,7 +180,8 @@ class LocalBackend(Backend):
                 await self.emit(TrialEvent(launch.trial_id, launch.attempt, "failed",
                                            reason=f"cannot run as its owner: {exc}"))
                 return
-        gpus = self.gpus.acquire(launch.resources.gpu)
+        workers, per_worker = launch.resources.workers, launch.resources.gpu
+        gpus = self.gpus.acquire(per_worker * workers)
         if gpus is None:
             await self.emit(
                 TrialEvent(launch.trial_id, launch.attempt, "failed", reason="no free GPU")
@@ -185,7 +193,6 @@ class LocalBackend(Backend):
         # The interpreter that runs tunehub runs trials too, with its packages (tuner, TF).
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env["PYTHONUNBUFFERED"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # "" hides every GPU from CPU trials
         launch.workdir.mkdir(parents=True, exist_ok=True)
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = command_argv(launch.command)
@@ -194,12 +201,25 @@ class LocalBackend(Backend):
         with open(launch.log_path, "a") as fh:
             fh.write(f"=== tunehub: {start} ===\n")
         metrics.TRIAL_STARTS.labels("warm" if warm is not None else "cold").inc()
+        hosts = [f"127.0.0.1:{p}" for p in free_ports(workers)] if workers > 1 else []
+        procs: list[tuple[int, asyncio.Future[int]]] = []
         try:
-            if warm is not None:
-                pid, done = await self._start_warm(launch, warm, env, owner)
-            else:
-                pid, done = await self._start_cold(launch, argv, env, owner)
+            for index in range(workers):
+                wenv = dict(env)
+                # "" hides every GPU from CPU trials
+                wenv["CUDA_VISIBLE_DEVICES"] = ",".join(
+                    gpus[index * per_worker:(index + 1) * per_worker])
+                log = launch.log_path
+                if hosts:
+                    wenv["TF_CONFIG"] = tf_config(hosts, index)
+                    log = log if index == 0 else worker_log(launch.workdir, launch.attempt, index)
+                if warm is not None:
+                    procs.append(await self._start_warm(launch, warm, wenv, log, index, owner))
+                else:
+                    procs.append(await self._start_cold(launch, argv, wenv, log, owner))
         except OSError as exc:
+            for pid, _ in procs:
+                _killpg(pid, signal.SIGKILL)
             self.gpus.release(gpus)
             await self.emit(
                 TrialEvent(
@@ -208,8 +228,8 @@ class LocalBackend(Backend):
                 )
             )
             return
-        _write_pid(launch.workdir / f"attempt-{launch.attempt}.pid", pid)
-        attempt = _Attempt(launch, pid, done, gpus, owner)
+        _write_pid(launch.workdir / f"attempt-{launch.attempt}.pid", [pid for pid, _ in procs])
+        attempt = _Attempt(launch, procs, gpus, owner)
         self._attempts[launch.key] = attempt
         await self.emit(TrialEvent(launch.trial_id, launch.attempt, "started", reason=start))
         task = asyncio.get_running_loop().create_task(self._wait(attempt))
@@ -234,7 +254,7 @@ class LocalBackend(Backend):
         return Path(launch.env.get(ENV_ARTIFACT_DIR) or launch.workdir / "artifacts")
 
     async def _start_cold(
-        self, launch: TrialLaunch, argv: list[str], env: dict[str, str],
+        self, launch: TrialLaunch, argv: list[str], env: dict[str, str], log_path: Path,
         owner: unix_users.UnixUser | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
         preexec = _die_with_parent
@@ -245,7 +265,7 @@ class LocalBackend(Backend):
                 drop()
                 _die_with_parent()  # after setuid: a changed identity clears the death signal
 
-        log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
                          0o644)
         with open(log_fd, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
@@ -262,8 +282,8 @@ class LocalBackend(Backend):
         return proc.pid, done
 
     async def _start_warm(
-        self, launch: TrialLaunch, argv: list[str], env: dict[str, str],
-        owner: unix_users.UnixUser | None = None,
+        self, launch: TrialLaunch, argv: list[str], env: dict[str, str], log_path: Path,
+        index: int = 0, owner: unix_users.UnixUser | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
         preload = preload_for(launch.workdir, argv, launch.preload)
         # One warm process per owner: it runs as them, so what it forks (and whatever earlier
@@ -274,17 +294,18 @@ class LocalBackend(Backend):
             zygote = Zygote(preload, owner)
             await zygote.start()
             self._zygotes[zkey] = zygote
-        key = f"{launch.trial_id}-{launch.attempt}"
-        return await zygote.spawn(key, argv, launch.workdir, env, launch.log_path)
+        key = f"{launch.trial_id}-{launch.attempt}-{index}"
+        return await zygote.spawn(key, argv, launch.workdir, env, log_path)
 
     async def _wait(self, attempt: _Attempt) -> None:
         launch = attempt.launch
         try:
-            code = await asyncio.wait_for(asyncio.shield(attempt.done), timeout=launch.timeout)
+            code, reason = await asyncio.wait_for(
+                asyncio.shield(self._outcome(attempt)), timeout=launch.timeout)
         except asyncio.TimeoutError:
             attempt.stop_reason = f"timed out after {launch.timeout:g}s (trial_timeout)"
             await self._kill(attempt)
-            code = await attempt.done
+            code, reason = await attempt.done, None
         if attempt.owner is not None:
             # What the registry may copy must not change under it, nor point outside.
             try:
@@ -293,21 +314,55 @@ class LocalBackend(Backend):
                 attempt.stop_reason = attempt.stop_reason or f"artifacts not sealed: {exc}"
         self.gpus.release(attempt.gpus)
         self._attempts.pop(launch.key, None)
-        if code == 0 and attempt.stop_reason is None:
+        _collect_worker_logs(attempt)
+        if code == 0 and reason is None and attempt.stop_reason is None:
             await self.emit(TrialEvent(launch.trial_id, launch.attempt, "succeeded", 0))
         else:
-            reason = attempt.stop_reason or describe_exit(code)
+            reason = attempt.stop_reason or reason or describe_exit(code)
             await self.emit(TrialEvent(launch.trial_id, launch.attempt, "failed", code, reason))
 
+    async def _outcome(self, attempt: _Attempt) -> tuple[int, str | None]:
+        """The chief's exit code, and why the attempt failed although the chief did not.
+
+        Like an Indexed Job with ``successPolicy: succeededIndexes "0"`` and ``backoffLimit:
+        0``: a worker that fails fails the attempt (the others are stopped); once the chief
+        exits, the others get :data:`SIBLING_GRACE_SECONDS` to finish and are then stopped."""
+        pending = {fut: index for index, (_, fut) in enumerate(attempt.procs)}
+        while pending:
+            finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in finished:
+                index, code = pending.pop(fut), fut.result()
+                if index == 0:
+                    if code != 0:
+                        await self._kill(attempt)
+                        return code, None
+                    try:
+                        await asyncio.wait_for(
+                            asyncio.gather(*(asyncio.shield(f) for f in pending)),
+                            SIBLING_GRACE_SECONDS)
+                    except asyncio.TimeoutError:
+                        await self._kill(attempt)  # lingering: stopped, as a Job's pods are
+                        return 0, None
+                    failed = [(i, f.result()) for f, i in pending.items() if f.result() != 0]
+                    if failed:
+                        return failed[0][1], f"worker {failed[0][0]} {describe_exit(failed[0][1])}"
+                    return 0, None
+                if code != 0:
+                    await self._kill(attempt)
+                    return code, f"worker {index} {describe_exit(code)}; the others were stopped"
+        return 0, None
+
     async def _kill(self, attempt: _Attempt) -> None:
-        """SIGTERM the attempt's process group, SIGKILL after a grace period."""
+        """SIGTERM the attempt's process groups, SIGKILL after a grace period."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(attempt.pid, sig)
-            except ProcessLookupError:
+            alive = [(pid, fut) for pid, fut in attempt.procs if not fut.done()]
+            if not alive:
                 return
+            for pid, _ in alive:
+                _killpg(pid, sig)
             try:
-                await asyncio.wait_for(asyncio.shield(attempt.done), KILL_GRACE_SECONDS)
+                await asyncio.wait_for(
+                    asyncio.gather(*(asyncio.shield(f) for _, f in alive)), KILL_GRACE_SECONDS)
                 return
             except asyncio.TimeoutError:
                 continue
@@ -324,13 +379,17 @@ class LocalBackend(Backend):
         for launch in running:
             pid_file = launch.workdir / f"attempt-{launch.attempt}.pid"
             try:
-                pgid = int(pid_file.read_text())
-                # Only a process that is still this attempt (pids get reused).
-                marker = f"TUNEHUB_TRIAL_ID={launch.trial_id}\0".encode()
-                if marker in Path(f"/proc/{pgid}/environ").read_bytes():
-                    os.killpg(pgid, signal.SIGKILL)
+                pgids = [int(line) for line in pid_file.read_text().split()]
             except (OSError, ValueError):
-                pass
+                continue
+            for pgid in pgids:  # one per worker
+                try:
+                    # Only a process that is still this attempt (pids get reused).
+                    marker = f"TUNEHUB_TRIAL_ID={launch.trial_id}\0".encode()
+                    if marker in Path(f"/proc/{pgid}/environ").read_bytes():
+                        os.killpg(pgid, signal.SIGKILL)
+                except OSError:
+                    pass
         return set()
 
     async def close(self) -> None:
@@ -342,3 +401,29 @@ class LocalBackend(Backend):
         for zygote in self._zygotes.values():
             await zygote.close()
         self._zygotes.clear()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _collect_worker_logs(attempt: _Attempt) -> None:
+    """The other workers' output, appended to the trial log under a header each (the same
+    shape as the Kubernetes backend's per-pod logs). The directory may belong to the trial's
+    owner: links are never followed, for reading or writing."""
+    launch = attempt.launch
+    for index in range(1, len(attempt.procs)):
+        path = worker_log(launch.workdir, launch.attempt, index)
+        try:
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), errors="replace") as fh:
+                text = fh.read()
+            out = os.open(launch.log_path,
+                          os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            with open(out, "a") as fh:
+                fh.write(f"--- worker {index} ---\n{text}" + ("" if text.endswith("\n") else "\n"))
+            path.unlink()
+        except OSError:
+            continue

@@ -1,0 +1,117 @@
+"""Multi-worker trials on one machine: ``workers: 2`` starts two processes that form one
+``MultiWorkerMirroredStrategy`` cluster over loopback TCP (ports tunehub picks) and report one
+result; a worker that fails fails the attempt and its siblings are stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import Home
+from tests.polling import wait_for
+from tests.sweeps_helpers import parse_json, write_sweep
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_multiworker"
+
+
+@pytest.mark.slow
+def test_two_workers_train_one_keras_model_and_report_one_result(
+    sqlite_home: Home, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    shutil.copytree(EXAMPLE, code)
+    spec = yaml.safe_load((code / "sweep.yaml").read_text())
+    spec.update(trials=1, space={"lr": {"type": "categorical", "choices": [0.01]}})
+    (code / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    sqlite_home.extra_env["DIGITS_EPOCHS"] = "2"
+    out = parse_json(sqlite_home.cli(
+        "sweep", "run", str(code / "sweep.yaml"), "--wait", "--json", timeout=600).stdout)
+    assert out["state"] == "completed", out
+    trials = out["trials_detail"]
+    assert [t["state"] for t in trials] == ["completed"], trials
+    # One result: the chief's two epoch reports, not four.
+    assert [r["step"] for r in trials[0]["intermediate_values"]] == [1, 2], trials[0]
+    log = sqlite_home.cli("sweep", "logs", str(out["id"]), "0", check=True).stdout
+    chief, _, worker = log.partition("--- worker 1 ---")
+    # Both processes were replicas of one cluster of two and ended with the same weights:
+    # the validation accuracy (summed over both workers' shards) is the same on each.
+    got = [re.search(r"replicas=(\d) val_accuracy=([\d.]+) chief=(\w+)", part)
+           for part in (chief, worker)]
+    assert all(got), log
+    assert [(m[1], m[3]) for m in got] == [("2", "True"), ("2", "False")], log
+    assert got[0][2] == got[1][2]
+    assert float(got[0][2]) == pytest.approx(trials[0]["value"], abs=1e-4)
+    # The chief's export is the registered model; the other worker kept nothing.
+    model = parse_json(sqlite_home.cli("model", "show", "digits-mw", "--json",
+                                       check=True).stdout)
+    assert (Path(model[0]["path"]) / "saved_model.pb").is_file()
+
+
+WORKER_FAILS = """
+import json, os, pathlib, sys, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+pathlib.Path(os.environ["RECORD_DIR"], f"{index}.pid").write_text(str(os.getpid()))
+if index == 1:
+    sys.exit(3)
+time.sleep(600)  # the chief would wait forever for its peer
+"""
+
+
+def test_a_failing_worker_fails_the_attempt_and_stops_the_others(
+    sqlite_home: Home, tmp_path: Path
+) -> None:
+    record = tmp_path / "record"
+    record.mkdir()
+    sqlite_home.extra_env["RECORD_DIR"] = str(record)
+    spec = write_sweep(tmp_path / "code", WORKER_FAILS, trials=1, parallelism=1,
+                       resources={"workers": 2}, max_retries=0, trial_timeout="20m")
+    out = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json").stdout)
+    trials = out["trials_detail"]
+    assert trials[0]["state"] == "failed", trials
+    assert "worker 1 exited with code 3" in trials[0]["reason"], trials[0]
+    chief = int((record / "0.pid").read_text())
+    wait_for(lambda: not _alive(chief), timeout=30, what="the chief to be stopped")
+
+
+TF_CONFIGS = """
+import json, os, pathlib, tuner
+cfg = json.loads(os.environ["TF_CONFIG"])
+pathlib.Path(os.environ["RECORD_DIR"], f"{cfg['task']['index']}.json").write_text(
+    json.dumps({"cfg": cfg, "chief": tuner.is_chief()}))
+tuner.report(1.0)
+"""
+
+
+def test_workers_get_one_cluster_of_distinct_loopback_ports(
+    sqlite_home: Home, tmp_path: Path
+) -> None:
+    import json
+
+    record = tmp_path / "record"
+    record.mkdir()
+    sqlite_home.extra_env["RECORD_DIR"] = str(record)
+    spec = write_sweep(tmp_path / "code", TF_CONFIGS, trials=1, parallelism=1,
+                       resources={"workers": 3})
+    out = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json").stdout)
+    assert out["state"] == "completed", out
+    seen = [json.loads((record / f"{i}.json").read_text()) for i in range(3)]
+    hosts = seen[0]["cfg"]["cluster"]["worker"]
+    assert len(set(hosts)) == 3 and all(h.startswith("127.0.0.1:") for h in hosts)
+    assert [s["cfg"]["cluster"]["worker"] for s in seen] == [hosts] * 3
+    assert [s["cfg"]["task"] for s in seen] == [{"type": "worker", "index": i}
+                                                for i in range(3)]
+    assert [s["chief"] for s in seen] == [True, False, False]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}").exists() else ""
+    return " Z " not in stat
