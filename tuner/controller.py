@@ -708,7 +708,8 @@ class SweepController:
         if best is None:
             self._note("no completed trial saved a model (tuner.save_model); nothing registered")
             return
-        registry = self.engine.registry or Registry(self.db, self.engine.settings.registry)
+        registry = self.engine.registry or Registry(
+            self.db, self.engine.settings.registry, self.engine.settings.serving_root)
         version = registry.register(
             model=self.spec.promote.model,
             source_dir=Path(best.artifact_dir or "") / "model",

@@ -3,12 +3,15 @@
 ``<root>/<model>/<version>/saved_model.pb``: any TensorFlow Serving pointed at ``<root>/<model>``
 serves it as is. Each version records where it came from (sweep, trial, parameters, metric, code,
 data) and which stage holds it (``production``, ``canary``; a replaced one becomes
-``archived``). Writes are safe from several processes at once: a version's directory is claimed
-with an atomic rename before its row is written.
+``archived``). Every stage change rewrites TensorFlow Serving's model config
+(``<root>/models.config``, see :mod:`tuner.serving_config`) so its ``stable`` and ``canary``
+labels follow promotions without a restart. Writes are safe from several processes at once: a
+version's directory is claimed with an atomic rename before its row is written.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -20,6 +23,9 @@ from sqlalchemy import func, select
 
 from tuner.db import Database, ModelVersion, utcnow
 from tuner.errors import Forbidden, NotFound, TunehubError
+from tuner.serving_config import ServedModel, ServingConfig
+
+log = logging.getLogger(__name__)
 
 STAGES = ("production", "canary")
 POLICIES = ("if-better", "always", "never")
@@ -31,9 +37,12 @@ class RegistryError(TunehubError):
 
 
 class Registry:
-    def __init__(self, db: Database, root: Path) -> None:
+    def __init__(self, db: Database, root: Path, serving_root: str | None = None) -> None:
+        """``serving_root``: the registry's root as TensorFlow Serving sees it, when it mounts
+        the models elsewhere (``TUNEHUB_SERVING_ROOT``); the config's base paths start there."""
         self.db = db
         self.root = Path(root)
+        self.serving = ServingConfig(self.root, serving_root)
 
     # --- writing -------------------------------------------------------------------------
 
@@ -138,7 +147,31 @@ class Registry:
                 old.stage = "archived"
             row.stage = stage
             row.promoted_at = utcnow()
-            return row
+        self.write_serving_config()
+        return row
+
+    def write_serving_config(self) -> Path | None:
+        """Rewrite TensorFlow Serving's model config from the stages in the database. A
+        failure is logged, not raised: the promotion itself is committed, and the next one
+        (or the tuner's start) writes the file again."""
+        try:
+            return self.serving.write(self.served_models)
+        except OSError as exc:
+            log.error("could not write TensorFlow Serving's config %s: %s",
+                      self.serving.path, exc)
+            return None
+
+    def served_models(self) -> list[ServedModel]:
+        """Every model with a production or canary version, and which versions those are."""
+        with self.db.session() as s:
+            rows = s.execute(
+                select(ModelVersion.model, ModelVersion.stage, ModelVersion.version).where(
+                    ModelVersion.stage.in_(STAGES))
+            ).all()
+        stages: dict[str, dict[str, int]] = {}
+        for model, stage, version in rows:
+            stages.setdefault(model, {})[stage] = version
+        return [ServedModel(m, s.get("production"), s.get("canary")) for m, s in stages.items()]
 
     def apply_policy(self, version: ModelVersion, policy: str) -> tuple[bool, str]:
         """A sweep's promotion policy for its new version; returns (promoted, why)."""

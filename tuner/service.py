@@ -72,7 +72,8 @@ async def serve() -> None:
     trial_api = os.environ.get("TUNEHUB_TRIAL_API_URL") or f"http://{host}:{port}{prefix}"
     names = [n.strip() for n in os.environ.get("TUNEHUB_BACKENDS", "local").split(",") if n]
     backends = {name: make_backend(name, settings) for name in names}
-    registry = Registry(db, settings.registry)
+    registry = Registry(db, settings.registry, settings.serving_root)
+    registry.write_serving_config()  # TensorFlow Serving finds a current file from the start
     engine = Engine(db, settings, backends, trial_api, registry, stable_api_url=True)
     ctx = ServiceContext(
         engine=engine,

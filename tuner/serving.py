@@ -2,7 +2,9 @@
 
 Clients written for TensorFlow Serving work unchanged: ``POST /v1/models/NAME:predict`` (the
 production version), ``/versions/N:predict``, ``/labels/stable|canary:predict``, row
-(``instances``) and columnar (``inputs``) requests, ``GET /v1/models/NAME`` for status. A
+(``instances``) and columnar (``inputs``) requests, ``GET /v1/models/NAME[/versions/N|/labels/L]``
+for status. The labels mean what they mean in the TensorFlow Serving config the registry writes
+(:mod:`tuner.serving_config`): ``stable`` is the production version, ``canary`` the canary. A
 promotion is picked up without a restart (the stage is re-read at most every two seconds).
 """
 
@@ -19,9 +21,10 @@ from prometheus_client import Counter, Histogram
 from tuner.errors import NotFound
 from tuner.metrics import MetricsHandler
 from tuner.registry import Registry
+from tuner.serving_config import LABELS as SERVING_LABELS
 
 STAGE_TTL = 2.0
-LABELS = {"stable": "production", "production": "production", "canary": "canary"}
+LABELS = {**SERVING_LABELS, "production": "production"}
 
 PREDICTIONS = Counter(
     "tunehub_serving_requests_total", "Predict requests", ["model", "version", "code"]
@@ -162,11 +165,16 @@ class PredictHandler(_Handler):
 
 
 class StatusHandler(_Handler):
-    def get(self, name: str, version: str | None = None) -> None:
+    def get(self, name: str, version: str | None = None, label: str | None = None) -> None:
         if not self.check_model(name):
             return
         try:
             rows = self.server.registry.versions(name)
+            if label is not None:
+                if label not in LABELS:
+                    self.fail(400, f"unknown label {label!r}; use stable or canary")
+                    return
+                version = str(self.server.version_for(LABELS[label]))
         except NotFound as exc:
             self.fail(404, str(exc))
             return
@@ -195,7 +203,7 @@ def make_app(registry: Registry, model: str) -> tornado.web.Application:
         [
             (rf"/v1/models/{name}(?:/versions/(\d+))?(?:/labels/([a-z]+))?:predict",
              PredictHandler, kw),
-            (rf"/v1/models/{name}(?:/versions/(\d+))?", StatusHandler, kw),
+            (rf"/v1/models/{name}(?:/versions/(\d+))?(?:/labels/([a-z]+))?", StatusHandler, kw),
             (r"/metrics", MetricsHandler),
         ]
     )

@@ -17,6 +17,8 @@ class Settings:
     db_url: str
     data: Path
     registry: Path
+    #: The registry's root as TensorFlow Serving sees it (its model config's base paths).
+    serving_root: str | None = None
 
     @property
     def sweeps_dir(self) -> Path:
@@ -47,10 +49,13 @@ def default_home() -> Path:
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
     """Read settings: ``TUNEHUB_HOME`` (default :func:`default_home`), ``TUNEHUB_DB_URL`` (default a
     SQLite file in the home), ``TUNEHUB_DATA`` (default ``$TUNEHUB_HOME/data``) and
-    ``TUNEHUB_REGISTRY`` (default ``$TUNEHUB_DATA/models``, so serving reads the data store)."""
+    ``TUNEHUB_REGISTRY`` (default ``$TUNEHUB_DATA/models``, so serving reads the data store) and
+    ``TUNEHUB_SERVING_ROOT`` (where TensorFlow Serving mounts the registry; default: the same
+    path)."""
     env = os.environ if environ is None else environ
     home = Path(env.get("TUNEHUB_HOME") or default_home()).expanduser().resolve()
     db_url = env.get("TUNEHUB_DB_URL") or f"sqlite:///{home / 'tunehub.sqlite'}"
     data = Path(env.get("TUNEHUB_DATA") or home / "data").expanduser().resolve()
     registry = Path(env.get("TUNEHUB_REGISTRY") or data / "models").expanduser().resolve()
-    return Settings(home=home, db_url=db_url, data=data, registry=registry)
+    return Settings(home=home, db_url=db_url, data=data, registry=registry,
+                    serving_root=env.get("TUNEHUB_SERVING_ROOT") or None)

@@ -50,7 +50,8 @@ def _version(text: str) -> int:
 
 
 def registry() -> Registry:
-    return Registry(context.database(), context.settings().registry)
+    settings = context.settings()
+    return Registry(context.database(), settings.registry, settings.serving_root)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
