@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[tf,hub,kubernetes,dev]'
 	# Optuna's GP sampler runs on PyTorch: the CPU build (a plain `torch` would pull CUDA).
 	$(BIN)/pip install -q 'torch==2.13.0' 'scipy>=1.11'
+	# TensorFlow Serving's config protos (the serving tests parse the registry's models.config
+	# with them). --no-deps: it requires the `tensorflow` distribution, which would install
+	# the CUDA build over tensorflow-cpu; tensorflow-cpu provides the same module.
+	$(BIN)/pip install -q --no-deps 'tensorflow-serving-api>=2.16'
 	touch $(STAMP)
 
 install: $(STAMP)

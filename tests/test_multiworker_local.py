@@ -14,6 +14,7 @@ import yaml
 
 from tests.conftest import Home
 from tests.polling import wait_for
+from tests.serving_helpers import served
 from tests.sweeps_helpers import parse_json, write_sweep
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_multiworker"
@@ -50,6 +51,9 @@ def test_two_workers_train_one_keras_model_and_report_one_result(
     model = parse_json(sqlite_home.cli("model", "show", "digits-mw", "--json",
                                        check=True).stdout)
     assert (Path(model[0]["path"]) / "saved_model.pb").is_file()
+    # The sweep's policy promoted it, and TensorFlow Serving's config followed.
+    config = Path(model[0]["path"]).parents[1] / "models.config"
+    assert served(config)["digits-mw"]["labels"] == {"stable": model[0]["version"]}
 
 
 WORKER_FAILS = """

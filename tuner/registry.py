@@ -162,16 +162,21 @@ class Registry:
             return None
 
     def served_models(self) -> list[ServedModel]:
-        """Every model with a production or canary version, and which versions those are."""
+        """Every model with a production or canary version: those versions, and the one that
+        most recently lost its stage (still loaded while a label moves, see
+        :mod:`tuner.serving_config`)."""
         with self.db.session() as s:
             rows = s.execute(
-                select(ModelVersion.model, ModelVersion.stage, ModelVersion.version).where(
-                    ModelVersion.stage.in_(STAGES))
+                select(ModelVersion.model, ModelVersion.stage, ModelVersion.version,
+                       ModelVersion.promoted_at)
+                .where(ModelVersion.promoted_at.is_not(None))
+                .order_by(ModelVersion.promoted_at)
             ).all()
         stages: dict[str, dict[str, int]] = {}
-        for model, stage, version in rows:
-            stages.setdefault(model, {})[stage] = version
-        return [ServedModel(m, s.get("production"), s.get("canary")) for m, s in stages.items()]
+        for model, stage, version, _ in rows:  # oldest promotion first: the last one wins
+            stages.setdefault(model, {})[stage if stage in STAGES else "previous"] = version
+        return [ServedModel(m, s.get("production"), s.get("canary"), s.get("previous"))
+                for m, s in stages.items()]
 
     def apply_policy(self, version: ModelVersion, policy: str) -> tuple[bool, str]:
         """A sweep's promotion policy for its new version; returns (promoted, why)."""

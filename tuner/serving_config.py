@@ -8,6 +8,12 @@ versions loaded (``model_version_policy { specific { ... } }``) and the version 
 ``/v1/models/NAME/labels/stable:predict``. Assigning a label to a version that is still loading
 needs ``--allow_version_labels_for_unavailable_models`` (the chart sets it).
 
+TensorFlow Serving moves an existing label only to a version that has finished loading (the
+flag above covers new labels only), and re-applies the file on every poll. So the version that
+most recently lost its stage stays loaded (``previous``): while a new production version loads,
+``stable`` keeps answering from the old one, and a later poll moves the label. It is also what
+a rollback promotes back to, already in memory.
+
 The file is replaced atomically (written beside it, then renamed) under a lock, and its content
 is computed from the database inside that lock: two promotions racing from two processes
 always leave the state of the later one, and a poll never reads half a file.
@@ -33,10 +39,14 @@ class ServedModel:
     name: str
     production: int | None
     canary: int | None
+    previous: int | None = None  # kept loaded, unlabelled: see the module docstring
 
     @property
     def versions(self) -> list[int]:
-        return sorted({v for v in (self.production, self.canary) if v is not None})
+        labelled = {v for v in (self.production, self.canary) if v is not None}
+        if not labelled:
+            return []
+        return sorted(labelled | ({self.previous} if self.previous is not None else set()))
 
 
 def _quote(text: str) -> str:
