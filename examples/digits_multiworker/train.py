@@ -11,6 +11,7 @@ A custom training loop rather than ``model.fit``: Keras 3's ``fit`` does not yet
 it trains on one process: ``python train.py``.
 """
 
+import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -91,8 +92,9 @@ def main() -> None:
         accuracy = right / seen  # over the whole validation set: every worker's shard
         tuner.report(accuracy, step=epoch)
     tuner.save_model(model)
+    peers = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {}).get("worker")
     print(f"worker replicas={strategy.num_replicas_in_sync} val_accuracy={accuracy:.4f} "
-          f"chief={tuner.is_chief()} params={p}")
+          f"chief={tuner.is_chief()} cluster={json.dumps(peers)} params={p}")
 
 
 if __name__ == "__main__":

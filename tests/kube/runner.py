@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .admission import now
 from .client import ApiFailure, HarnessClient, path_of
+from .podnet import HOSTS_ENV, SITE_DIR, PodNetwork
 from .validation import parse_quantity
 from .volumes import Mounter, PodConfigError
 
@@ -48,6 +49,11 @@ class Runtime:
     api_port: int
     missing_images: set[str] = field(default_factory=set)
     enforce_memory_limits: bool = True
+    network: PodNetwork | None = None  # pod addresses and names (default: beside the logs)
+
+    def __post_init__(self) -> None:
+        if self.network is None:
+            self.network = PodNetwork(self.log_dir / "pod-hosts.json")
 
 
 def _tree_rss(pid: int) -> int:
@@ -81,6 +87,7 @@ class PodRunner:
         self.mounter = Mounter(pod, runtime.claims, self._ref, self._field)
         self._scratch = Path(tempfile.mkdtemp(prefix=f"kubelet-{self.name}-"))
         self.task: asyncio.Task | None = None
+        self.ip = "127.0.0.1"  # its own loopback address once it runs (tests.kube.podnet)
 
     # -- environment -------------------------------------------------------------------------
     async def _ref(self, kind: str, ref: dict) -> dict | str | None:
@@ -115,8 +122,8 @@ class PodRunner:
         values = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
                   "metadata.uid": meta.get("uid", ""), "spec.nodeName": spec.get("nodeName", ""),
                   "spec.serviceAccountName": spec.get("serviceAccountName", ""),
-                  "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1",
-                  "status.podIPs": "127.0.0.1", "status.hostIPs": "127.0.0.1"}
+                  "status.podIP": self.ip, "status.hostIP": "127.0.0.1",
+                  "status.podIPs": self.ip, "status.hostIPs": "127.0.0.1"}
         if path not in values:
             raise PodConfigError("CreateContainerConfigError", f"unsupported fieldRef {path}")
         return values[path]
@@ -157,6 +164,10 @@ class PodRunner:
                                      f"env {name}: unsupported valueFrom {sorted(source)}")
             if value is not None:
                 env[name] = value
+        # The pod network's name resolution for TF_CONFIG (tests.kube.podnet).
+        env[HOSTS_ENV] = str(self.runtime.network.table)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
         return env
 
     def check_image(self, container: dict) -> None:
@@ -216,6 +227,7 @@ class PodRunner:
     async def run(self) -> None:
         containers = self.pod["spec"]["containers"]
         envs: dict[str, dict[str, str]] = {}
+        self.ip = self.runtime.network.attach(self.pod)["ip"]
         while True:
             try:
                 for c in (self.pod["spec"].get("initContainers") or []) + containers:
@@ -231,7 +243,7 @@ class PodRunner:
         for key in ("message", "reason", "containerStatuses"):
             self.status.pop(key, None)
         self.status.update({"hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-                            "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                            "podIP": self.ip, "podIPs": [{"ip": self.ip}],
                             "startTime": now()})
         for c in self.pod["spec"].get("initContainers") or []:
             code = await self._run_once(c, envs[c["name"]])
@@ -344,6 +356,7 @@ class PodRunner:
         self.cleanup()
 
     def cleanup(self) -> None:
+        self.runtime.network.detach(self.pod["metadata"]["uid"])
         self.mounter.cleanup()
         shutil.rmtree(self._scratch, ignore_errors=True)
 
