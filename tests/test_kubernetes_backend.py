@@ -422,10 +422,13 @@ async def test_multi_worker_trial_through_kueue_starts_as_a_gang(
         configs = [json.loads(line.split("=", 1)[1]) for line in log.splitlines()
                    if line.startswith("TF_CONFIG=")]
         assert sorted(c["task"]["index"] for c in configs) == [0, 1]
-        assert configs[0]["cluster"]["worker"] == [
-            "tunehub-s3-t1-a1-0.tunehub-s3-t1-a1:2222", "tunehub-s3-t1-a1-1.tunehub-s3-t1-a1:2222"]
         pods = kube_env.objects("pods", label_selector=f"{m.TRIAL_LABEL}=1")
         assert {p["spec"]["nodeName"] for p in pods} == {"gpu-t4-0"}
+        # The Service's per-pod names (job-i.job:2222), as the emulated pod network resolves
+        # them for the pods' processes: each pod's own address (tests.kube.podnet).
+        assert configs[0]["cluster"] == configs[1]["cluster"]
+        ips = {h.rsplit(":", 1)[0] for h in configs[0]["cluster"]["worker"]}
+        assert ips == {p["status"]["podIP"] for p in pods} and len(ips) == 2
     finally:
         await be.close()
 

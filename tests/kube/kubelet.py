@@ -68,6 +68,7 @@ class Kubelet:
         uid = pod["metadata"]["uid"]
         self._dirty.set()
         if type_ == "DELETED":
+            self.runtime.network.detach(uid)  # its address and names live as long as it does
             self._terminating.discard(uid)
             self._unschedulable.pop(uid, None)
             self._assumed.pop(uid, None)

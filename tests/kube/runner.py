@@ -356,7 +356,6 @@ class PodRunner:
         self.cleanup()
 
     def cleanup(self) -> None:
-        self.runtime.network.detach(self.pod["metadata"]["uid"])
         self.mounter.cleanup()
         shutil.rmtree(self._scratch, ignore_errors=True)
 
