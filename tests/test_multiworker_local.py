@@ -119,3 +119,29 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}").exists() else ""
     return " Z " not in stat
+
+
+GPUS = """
+import json, os, pathlib, tuner
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+gpus = os.environ["CUDA_VISIBLE_DEVICES"]
+pathlib.Path(os.environ["RECORD_DIR"], f"{index}.gpu").write_text(gpus)
+tuner.report(1.0)
+"""
+
+
+def test_each_worker_gets_its_own_gpus_and_too_many_are_refused(
+    sqlite_home: Home, tmp_path: Path
+) -> None:
+    record = tmp_path / "record"
+    record.mkdir()
+    sqlite_home.extra_env.update({"RECORD_DIR": str(record), "TUNEHUB_LOCAL_GPUS": "0,1"})
+    spec = write_sweep(tmp_path / "code", GPUS, trials=1, parallelism=1,
+                       resources={"workers": 2, "gpu": 1})
+    out = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json").stdout)
+    assert out["state"] == "completed", out
+    assert sorted((record / f"{i}.gpu").read_text() for i in range(2)) == ["0", "1"]
+    too_many = write_sweep(tmp_path / "code2", GPUS, trials=1, resources={"workers": 3, "gpu": 1})
+    refused = sqlite_home.cli("sweep", "run", str(too_many), "--wait")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "resources.gpu" in refused.stderr and "3 workers" in refused.stderr, refused.stderr

@@ -94,9 +94,13 @@ Pods run as the test's own user (root on these machines): ``runAsUser`` / ``fsGr
 not applied, so a Jupyter server in a "pod" needs ``--allow-root`` (see the JupyterHub test
 in tests/test_kube_harness.py for a working KubeSpawner configuration).
 
+Pod network (:mod:`tests.kube.podnet`): each pod has its own loopback address
+(``status.podIP``) and host ports for its container ports; ``<hostname>.<subdomain>``
+names resolve only inside ``TF_CONFIG`` (a ``sitecustomize`` on the pods' ``PYTHONPATH``).
+
 Not emulated: authentication/RBAC, user-set finalizers (only foregroundDeletion), cluster
-DNS (Service / ``host.subdomain`` names do not resolve) and per-pod network namespaces (every
-pod is 127.0.0.1 and shares the host's ports), runAsUser / read-only mounts /
+DNS for other clients (Service names do not resolve), per-pod network namespaces (pods share
+the host's ports; only ``TF_CONFIG``'s are remapped), runAsUser / read-only mounts /
 securityContext enforcement, images (``command``+``args``, or ``args`` alone, run locally),
 server-side apply (415), pagination (``limit`` ignored: lists are complete), watch
 bookmarks, Kueue cohorts/borrowing/fair sharing.

@@ -2,7 +2,7 @@
 
 Real pods have their own network namespace; here every pod's processes share the host's. So
 each pod gets a loopback address of its own (``127.0.x.y``, its ``status.podIP``) and each of
-its declared ``containerPort``\\ s a host port: TensorFlow's gRPC server (like most servers)
+its declared container ports a host port: TensorFlow's gRPC server (like most servers)
 binds its port on every interface, so two "pods" can only both listen on 2222 if the port is
 remapped, the way a container runtime publishes ports.
 
