@@ -30,3 +30,16 @@ def write_sweep(directory: Path, script: str, **spec: Any) -> Path:
 
 def parse_json(stdout: str) -> Any:
     return json.loads(stdout)
+
+
+def run_on_kubernetes(home: Any, spec: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """``tunehub sweep run`` of ``spec`` (written to ``directory``) on the kubernetes backend,
+    waited for; the sweep as ``--json`` prints it, which must have completed."""
+    path = directory / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    run = home.cli("sweep", "run", str(path), "--backend", "kubernetes", "--wait", "--json",
+                   timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    sweep = parse_json(run.stdout)
+    assert sweep["state"] == "completed", sweep
+    return sweep

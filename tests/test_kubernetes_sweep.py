@@ -14,7 +14,7 @@ import yaml
 from tests.conftest import REPO, Home
 from tests.kube import KubeCluster
 from tests.polling import wait_for
-from tests.sweeps_helpers import parse_json, write_sweep
+from tests.sweeps_helpers import parse_json, run_on_kubernetes, write_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +35,7 @@ def test_digits_sweep_on_kubernetes_promotes_a_model(kube: KubeCluster, tmp_path
     spec = yaml.safe_load((DIGITS / "sweep.yaml").read_text())
     spec.update(trials=2, parallelism=2, code=str(DIGITS), pruner="none",
                 env={"DIGITS_EPOCHS": "2", "TF_CPP_MIN_LOG_LEVEL": "2"})
-    spec_path = tmp_path / "sweep.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-
-    run = home.cli("sweep", "run", str(spec_path), "--backend", "kubernetes", "--wait",
-                   "--json", timeout=900)
-    assert run.returncode == 0, run.stdout + run.stderr
-    sweep = parse_json(run.stdout)
-    assert sweep["state"] == "completed", sweep
+    sweep = run_on_kubernetes(home, spec, tmp_path)
     jobs = kube.objects("jobs", label_selector=f"tunehub.io/sweep={sweep['id']}")
     assert jobs == []  # cleaned up with the sweep
     trials = sweep["trials_detail"]

@@ -13,7 +13,7 @@ import yaml
 
 from tests.conftest import REPO, Home
 from tests.kube import KubeCluster
-from tests.sweeps_helpers import parse_json
+from tests.sweeps_helpers import parse_json, run_on_kubernetes
 
 pytestmark = pytest.mark.slow
 
@@ -33,14 +33,7 @@ def test_two_pods_train_one_model_over_the_pod_network(kube: KubeCluster, tmp_pa
                 # PYTHONPATH: the pods import this checkout's tuner, as the image would.
                 env={"DIGITS_EPOCHS": "2", "TF_CPP_MIN_LOG_LEVEL": "2",
                      "PYTHONPATH": str(REPO)})
-    spec_path = tmp_path / "sweep.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-
-    run = home.cli("sweep", "run", str(spec_path), "--backend", "kubernetes", "--wait",
-                   "--json", timeout=900)
-    assert run.returncode == 0, run.stdout + run.stderr
-    sweep = parse_json(run.stdout)
-    assert sweep["state"] == "completed", sweep
+    sweep = run_on_kubernetes(home, spec, tmp_path)
     [trial] = sweep["trials_detail"]
     assert trial["state"] == "completed" and trial["attempts"] == 1, trial
     assert [r["step"] for r in trial["intermediate_values"]] == [1, 2], trial  # chief only

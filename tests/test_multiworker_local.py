@@ -4,6 +4,7 @@ result; a worker that fails fails the attempt and its siblings are stopped."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -69,12 +70,8 @@ time.sleep(600)  # the chief would wait forever for its peer
 def test_a_failing_worker_fails_the_attempt_and_stops_the_others(
     sqlite_home: Home, tmp_path: Path
 ) -> None:
-    record = tmp_path / "record"
-    record.mkdir()
-    sqlite_home.extra_env["RECORD_DIR"] = str(record)
-    spec = write_sweep(tmp_path / "code", WORKER_FAILS, trials=1, parallelism=1,
-                       resources={"workers": 2}, max_retries=0, trial_timeout="20m")
-    out = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json").stdout)
+    out, record = run_recorded(sqlite_home, tmp_path, WORKER_FAILS, resources={"workers": 2},
+                               max_retries=0, trial_timeout="20m")
     trials = out["trials_detail"]
     assert trials[0]["state"] == "failed", trials
     assert "worker 1 exited with code 3" in trials[0]["reason"], trials[0]
@@ -94,14 +91,7 @@ tuner.report(1.0)
 def test_workers_get_one_cluster_of_distinct_loopback_ports(
     sqlite_home: Home, tmp_path: Path
 ) -> None:
-    import json
-
-    record = tmp_path / "record"
-    record.mkdir()
-    sqlite_home.extra_env["RECORD_DIR"] = str(record)
-    spec = write_sweep(tmp_path / "code", TF_CONFIGS, trials=1, parallelism=1,
-                       resources={"workers": 3})
-    out = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json").stdout)
+    out, record = run_recorded(sqlite_home, tmp_path, TF_CONFIGS, resources={"workers": 3})
     assert out["state"] == "completed", out
     seen = [json.loads((record / f"{i}.json").read_text()) for i in range(3)]
     hosts = seen[0]["cfg"]["cluster"]["worker"]
@@ -110,6 +100,15 @@ def test_workers_get_one_cluster_of_distinct_loopback_ports(
     assert [s["cfg"]["task"] for s in seen] == [{"type": "worker", "index": i}
                                                 for i in range(3)]
     assert [s["chief"] for s in seen] == [True, False, False]
+
+
+def run_recorded(home: Home, tmp_path: Path, script: str, **spec: object) -> tuple[dict, Path]:
+    """Run a one-trial sweep of ``script``, which writes into ``$RECORD_DIR``."""
+    record = tmp_path / "record"
+    record.mkdir(exist_ok=True)
+    home.extra_env["RECORD_DIR"] = str(record)
+    path = write_sweep(tmp_path / "code", script, trials=1, parallelism=1, **spec)
+    return parse_json(home.cli("sweep", "run", str(path), "--wait", "--json").stdout), record
 
 
 def _alive(pid: int) -> bool:
@@ -133,12 +132,8 @@ tuner.report(1.0)
 def test_each_worker_gets_its_own_gpus_and_too_many_are_refused(
     sqlite_home: Home, tmp_path: Path
 ) -> None:
-    record = tmp_path / "record"
-    record.mkdir()
-    sqlite_home.extra_env.update({"RECORD_DIR": str(record), "TUNEHUB_LOCAL_GPUS": "0,1"})
-    spec = write_sweep(tmp_path / "code", GPUS, trials=1, parallelism=1,
-                       resources={"workers": 2, "gpu": 1})
-    out = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json").stdout)
+    sqlite_home.extra_env["TUNEHUB_LOCAL_GPUS"] = "0,1"
+    out, record = run_recorded(sqlite_home, tmp_path, GPUS, resources={"workers": 2, "gpu": 1})
     assert out["state"] == "completed", out
     assert sorted((record / f"{i}.gpu").read_text() for i in range(2)) == ["0", "1"]
     too_many = write_sweep(tmp_path / "code2", GPUS, trials=1, resources={"workers": 3, "gpu": 1})
