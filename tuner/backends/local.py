@@ -324,9 +324,9 @@ class LocalBackend(Backend):
     async def _outcome(self, attempt: _Attempt) -> tuple[int, str | None]:
         """The chief's exit code, and why the attempt failed although the chief did not.
 
-        Like an Indexed Job with ``successPolicy: succeededIndexes "0"`` and ``backoffLimit:
-        0``: a worker that fails fails the attempt (the others are stopped); once the chief
-        exits, the others get :data:`SIBLING_GRACE_SECONDS` to finish and are then stopped."""
+        A worker that fails fails the attempt and the others are stopped (what the Indexed
+        Job's ``backoffLimit: 0`` does on Kubernetes); once the chief exits 0 the others get
+        :data:`SIBLING_GRACE_SECONDS` to finish on their own and are then stopped."""
         pending = {fut: index for index, (_, fut) in enumerate(attempt.procs)}
         while pending:
             finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
