@@ -433,6 +433,27 @@ async def test_multi_worker_trial_through_kueue_starts_as_a_gang(
         await be.close()
 
 
+# Worker 1 fails at once; the chief would wait forever for its peer.
+WORKER_FAILS = ("import os, sys, time; "
+                "sys.exit(3) if os.environ['JOB_COMPLETION_INDEX'] == '1' else time.sleep(600)")
+
+
+async def test_a_failing_worker_pod_fails_the_trial_and_stops_the_chief(
+        backend: tuple[KubernetesBackend, Events], kube_env: KubeCluster) -> None:
+    """The Indexed Job's ``backoffLimit: 0``: worker 1's failure fails the Job at once, the
+    chief's pod is deleted and its process stopped, the trial fails with worker 1's reason."""
+    be, events = backend
+    await be.launch(kube_launch(kube_env, 1, WORKER_FAILS,
+                                resources=Resources(workers=2, memory="256Mi")))
+    failed = await events.final(1, timeout=120)
+    assert failed.kind == "failed" and "exited with code 3" in failed.reason, failed
+
+    async def chief_stopped() -> bool:
+        return not any(name.startswith("tunehub-s3-t1-a1-0-") and procs
+                       for name, procs in kube_env.kubelet.process_ids().items())
+    await eventually(chief_stopped, 30, "the chief's process to be stopped")
+
+
 async def test_per_user_gpu_cap_holds_launches_until_gpus_free(
         kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNEHUB_K8S_MAX_GPUS_PER_USER", "1")

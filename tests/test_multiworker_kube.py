@@ -15,9 +15,10 @@ from tests.conftest import REPO, Home
 from tests.kube import KubeCluster
 from tests.sweeps_helpers import parse_json, run_on_kubernetes
 
-pytestmark = pytest.mark.slow
-
 EXAMPLE = REPO / "examples" / "digits_multiworker"
+
+
+pytestmark = pytest.mark.slow
 
 
 def test_two_pods_train_one_model_over_the_pod_network(kube: KubeCluster, tmp_path) -> None:
@@ -62,3 +63,4 @@ def test_two_pods_train_one_model_over_the_pod_network(kube: KubeCluster, tmp_pa
 
     versions = parse_json(home.cli("model", "show", "digits-mw", "--json", check=True).stdout)
     assert [v["stage"] for v in versions] == ["production"]
+
