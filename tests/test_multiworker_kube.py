@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,13 +16,12 @@ from tests.conftest import REPO, Home
 from tests.kube import KubeCluster
 from tests.sweeps_helpers import parse_json, run_on_kubernetes
 
+pytestmark = pytest.mark.slow
+
 EXAMPLE = REPO / "examples" / "digits_multiworker"
 
 
-pytestmark = pytest.mark.slow
-
-
-def test_two_pods_train_one_model_over_the_pod_network(kube: KubeCluster, tmp_path) -> None:
+def test_two_pods_train_one_model_over_the_pod_network(kube: KubeCluster, tmp_path: Path) -> None:
     for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
         kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                      "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
