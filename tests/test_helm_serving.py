@@ -13,7 +13,7 @@ import helm_python as helm
 import pytest
 
 from tests.serving_helpers import served
-from tests.test_hub_kube_config import RELEASE, example_values, find, render
+from tests.test_hub_kube_config import RELEASE, example_values, find, minimal_values, render
 
 NAME = f"{RELEASE}-serving"
 
@@ -59,6 +59,8 @@ def test_serving_gpu_probes_budget_and_security() -> None:
     assert serving["startupProbe"]["failureThreshold"] >= 1
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["automountServiceAccountToken"] is False
+    tuner = find(objects, "Deployment", f"{RELEASE}-tuner")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == tuner["priorityClassName"]  # core: never preempted
     for c in pod["containers"] + pod["initContainers"]:
         assert c["securityContext"]["allowPrivilegeEscalation"] is False
         assert c["resources"]["requests"] and c["resources"]["limits"], c["name"]
@@ -68,13 +70,13 @@ def test_serving_gpu_probes_budget_and_security() -> None:
 
 
 def test_serving_defaults_without_gpu_or_readiness_model() -> None:
-    objects = render({"serving": {"enabled": True}})
+    objects = render({**minimal_values(), "serving": {"enabled": True}})
     pod = serving_pod(objects)["spec"]
     serving = pod["containers"][0]
     assert "nvidia.com/gpu" not in serving["resources"].get("limits", {})
     assert "tolerations" not in pod and "nodeSelector" not in pod
     assert "tcpSocket" in serving["readinessProbe"]
-    assert not [o for o in render(None) if o["metadata"]["name"] == NAME]
+    assert not [o for o in render(minimal_values()) if o["metadata"]["name"] == NAME]
 
 
 def test_unknown_serving_gpu_type_fails_with_its_name() -> None:
