@@ -43,3 +43,16 @@ def run_on_kubernetes(home: Any, spec: dict[str, Any], directory: Path) -> dict[
     sweep = parse_json(run.stdout)
     assert sweep["state"] == "completed", sweep
     return sweep
+
+
+def kube_cli_home(kube: Any, tmp_path: Path, **extra_env: str) -> Any:
+    """A CLI home whose sweeps run on the emulated cluster ``kube`` (its data store as
+    ``TUNEHUB_DATA``), with the sweep PriorityClasses the backend's defaults name."""
+    from tests.conftest import Home
+
+    for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
+        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                     "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
+    data = kube.data_dir
+    return Home(data / ".tunehub", f"sqlite:///{tmp_path / 'tunehub.sqlite'}", extra_env={
+        "KUBECONFIG": str(kube.kubeconfig), "TUNEHUB_DATA": str(data), **extra_env})

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, Home
+from tests.conftest import REPO
 from tests.kube import KubeCluster
 from tests.polling import wait_for
-from tests.sweeps_helpers import parse_json, run_on_kubernetes, write_sweep
+from tests.sweeps_helpers import kube_cli_home, parse_json, run_on_kubernetes, write_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -22,16 +22,8 @@ DIGITS = REPO / "examples" / "digits"
 
 
 def test_digits_sweep_on_kubernetes_promotes_a_model(kube: KubeCluster, tmp_path: Path) -> None:
-    for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
-        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                     "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
-    data = kube.data_dir
-    home = Home(data / ".tunehub", f"sqlite:///{tmp_path / 'tunehub.sqlite'}", extra_env={
-        "KUBECONFIG": str(kube.kubeconfig),
-        "TUNEHUB_DATA": str(data),
-        "TUNEHUB_K8S_GPU_TYPES": json.dumps(
-            [{"name": "t4", "product": "Tesla-T4", "generation": 1, "maxPerNode": 4}]),
-    })
+    home = kube_cli_home(kube, tmp_path, TUNEHUB_K8S_GPU_TYPES=json.dumps(
+        [{"name": "t4", "product": "Tesla-T4", "generation": 1, "maxPerNode": 4}]))
     spec = yaml.safe_load((DIGITS / "sweep.yaml").read_text())
     spec.update(trials=2, parallelism=2, code=str(DIGITS), pruner="none",
                 env={"DIGITS_EPOCHS": "2", "TF_CPP_MIN_LOG_LEVEL": "2"})
@@ -64,12 +56,8 @@ tuner.report(p["x"])
 def test_killed_tuner_resumes_without_duplicate_jobs(kube: KubeCluster, tmp_path: Path) -> None:
     """SIGKILL the controller while its trials' Jobs run; ``sweep resume`` finishes the sweep
     and at no moment does one trial have two live Jobs."""
-    for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
-        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                     "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
-    data, gate = kube.data_dir, kube.data_dir / "gate"
-    home = Home(data / ".tunehub", f"sqlite:///{tmp_path / 'tunehub.sqlite'}", extra_env={
-        "KUBECONFIG": str(kube.kubeconfig), "TUNEHUB_DATA": str(data)})
+    gate = kube.data_dir / "gate"
+    home = kube_cli_home(kube, tmp_path)
     spec = write_sweep(tmp_path / "code", GATED, trials=2, parallelism=2, max_retries=1,
                        env={"GATE": str(gate)}, resources={"cpu": 0.1, "memory": "256Mi"})
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, Home
+from tests.conftest import REPO
 from tests.kube import KubeCluster
-from tests.sweeps_helpers import parse_json, run_on_kubernetes
+from tests.sweeps_helpers import kube_cli_home, parse_json, run_on_kubernetes
 
 pytestmark = pytest.mark.slow
 
@@ -22,12 +22,7 @@ EXAMPLE = REPO / "examples" / "digits_multiworker"
 
 
 def test_two_pods_train_one_model_over_the_pod_network(kube: KubeCluster, tmp_path: Path) -> None:
-    for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
-        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                     "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
-    data = kube.data_dir
-    home = Home(data / ".tunehub", f"sqlite:///{tmp_path / 'tunehub.sqlite'}", extra_env={
-        "KUBECONFIG": str(kube.kubeconfig), "TUNEHUB_DATA": str(data)})
+    home = kube_cli_home(kube, tmp_path)
     spec = yaml.safe_load((EXAMPLE / "sweep.yaml").read_text())
     spec.update(trials=1, code=str(EXAMPLE),
                 space={"lr": {"type": "categorical", "choices": [0.01]}},
