@@ -88,9 +88,11 @@ tuner.report(1.0)
 """
 
 
+@pytest.mark.parametrize("warm", ["1", "0"])
 def test_workers_get_one_cluster_of_distinct_loopback_ports(
-    sqlite_home: Home, tmp_path: Path
+    sqlite_home: Home, tmp_path: Path, warm: str
 ) -> None:
+    sqlite_home.extra_env["TUNEHUB_WARM_START"] = warm  # forked from the zygote, or cold
     out, record = run_recorded(sqlite_home, tmp_path, TF_CONFIGS, resources={"workers": 3})
     assert out["state"] == "completed", out
     seen = [json.loads((record / f"{i}.json").read_text()) for i in range(3)]
