@@ -62,6 +62,8 @@ import json, os, pathlib, sys, time
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 pathlib.Path(os.environ["RECORD_DIR"], f"{index}.pid").write_text(str(os.getpid()))
 if index == 1:
+    while not pathlib.Path(os.environ["RECORD_DIR"], "0.pid").exists():
+        time.sleep(0.05)  # fail once the chief runs (then it must be stopped)
     sys.exit(3)
 time.sleep(600)  # the chief would wait forever for its peer
 """
