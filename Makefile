@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo up test lint bench install browser
+.PHONY: demo up test lint bench install browser image-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,11 @@ install: $(STAMP)
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# buildah (daemonless image builds, chroot isolation) and debootstrap (the stand-in base) for
+# tests/test_images.py; see images/README.md.
+image-tools:
+	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap >/dev/null; }
+
 demo: $(STAMP)
 	$(BIN)/tunehub demo
 
@@ -35,7 +40,7 @@ up: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) browser
+test: $(STAMP) browser image-tools
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -p no:cacheprovider tests
 

@@ -4,7 +4,7 @@
 #   images/build.sh [hub|notebook|trial ...]        (default: all three)
 #
 # Environment:
-#   REGISTRY      image name prefix                          (default: tunehub)
+#   REGISTRY      image name prefix (default: ghcr.io/tunehub, what helm/tunehub/values.yaml names)
 #   TAG           image tag                                   (default: 0.1.0)
 #   PYTHON_IMAGE  base of the hub image and of the wheel-building stage (default in the Dockerfile:
 #                 python:3.12.8-slim-bookworm; pass a digest for production)
@@ -17,19 +17,20 @@
 # Push afterwards with:  buildah push $REGISTRY/hub:$TAG   (or docker build/push: README.md)
 set -eu
 repo=$(cd "$(dirname "$0")/.." && pwd)
-registry=${REGISTRY:-tunehub}
+registry=${REGISTRY:-ghcr.io/tunehub}
 tag=${TAG:-0.1.0}
 [ $# -gt 0 ] || set -- hub notebook trial
 
 flags="--isolation chroot --layers --network host"
 [ -z "${PYTHON_IMAGE:-}" ] || flags="$flags --build-arg PYTHON_IMAGE=$PYTHON_IMAGE"
-[ -z "${TF_IMAGE:-}" ] || flags="$flags --build-arg TF_IMAGE=$TF_IMAGE"
 [ -z "${CA_BUNDLE:-}" ] || flags="$flags --volume $CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro"
 
 cd "$repo"
 for name in "$@"; do
     [ -f "images/$name/Dockerfile" ] || { echo "build.sh: no image '$name' (hub, notebook, trial)" >&2; exit 2; }
+    base=""  # the hub image has no TensorFlow base
+    [ "$name" = hub ] || [ -z "${TF_IMAGE:-}" ] || base="--build-arg TF_IMAGE=$TF_IMAGE"
     echo "== $registry/$name:$tag"
     # shellcheck disable=SC2086  # flags are word lists
-    buildah bud $flags ${BUILDAH_BUD_FLAGS:-} -f "images/$name/Dockerfile" -t "$registry/$name:$tag" .
+    buildah bud $flags $base ${BUILDAH_BUD_FLAGS:-} -f "images/$name/Dockerfile" -t "$registry/$name:$tag" .
 done

@@ -52,23 +52,34 @@ CACHE = Path(os.environ.get("TUNEHUB_IMAGE_CACHE", "/var/cache/tunehub-images"))
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 STANDIN_PYTHON = "localhost/tunehub-standin/python:bookworm"
 STANDIN_TF = "localhost/tunehub-standin/tensorflow:2.21.0"
-REGISTRY, TAG = "localhost/tunehub-test", "test"
 STORAGE_CONF = """\
 [storage]
-driver = "overlay"
-runroot = "/run/tunehub-images"
+driver = "{driver}"
+runroot = "{runroot}"
 graphroot = "{graphroot}"
 """
+
+
+def chart_images() -> tuple[str, str]:
+    """The registry prefix and tag the chart's values give the three images: the suite builds
+    exactly those names (in its own storage; nothing is pushed)."""
+    images = yaml.safe_load((REPO / "helm/tunehub/values.yaml").read_text())["images"]
+    repos = {images[n]["repository"].rsplit("/", 1)[0] for n in ("hub", "notebook", "trial")}
+    tags = {str(images[n]["tag"]) for n in ("hub", "notebook", "trial")}
+    assert len(repos) == 1 and len(tags) == 1, images
+    assert all(images[n]["repository"].endswith("/" + n) for n in ("hub", "notebook", "trial"))
+    return repos.pop(), tags.pop()
 
 
 class Images:
     """The built images, and running commands in fresh containers of them."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], registry: str, tag: str) -> None:
         self.env = env  # CONTAINERS_STORAGE_CONF and TMPDIR: our storage, not the system's
+        self.registry, self.tag = registry, tag
 
     def name(self, image: str) -> str:
-        return f"{REGISTRY}/{image}:{TAG}"
+        return f"{self.registry}/{image}:{self.tag}"
 
     def buildah(self, *args: str, timeout: float = 300) -> str:
         proc = subprocess.run(["buildah", *args], env=self.env, capture_output=True, text=True,
@@ -123,19 +134,27 @@ def images() -> Images:
     for tool in ("buildah", "debootstrap"):
         assert shutil.which(tool), f"{tool} is missing: make test installs it"
     (CACHE / "tmp").mkdir(parents=True, exist_ok=True)
-    conf = CACHE / "storage.conf"
-    conf.write_text(STORAGE_CONF.format(graphroot=CACHE / "storage"))
+    # overlay: layers shared, not copied (vfs, for filesystems without overlay, is ~2x slower and
+    # ~2x the disk).
+    driver = os.environ.get("TUNEHUB_IMAGE_DRIVER", "overlay")
+    suffix = "" if driver == "overlay" else f"-{driver}"
+    conf = CACHE / f"storage{suffix}.conf"
+    graphroot = CACHE / f"storage{suffix}"
+    # Run state (mounts, locks) belongs on /run, which a reboot empties; one per storage.
+    runroot = Path("/run/tunehub-images") / hashlib.sha256(bytes(graphroot)).hexdigest()[:12]
+    conf.write_text(STORAGE_CONF.format(driver=driver, graphroot=graphroot, runroot=runroot))
     env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(conf),
            # buildah keeps RUN --mount=type=cache directories (pip's wheels) under TMPDIR.
            "TMPDIR": str(CACHE / "tmp")}
+    registry, tag = chart_images()
     build = {**env, "PYTHON_IMAGE": STANDIN_PYTHON, "TF_IMAGE": STANDIN_TF,
-             "REGISTRY": REGISTRY, "TAG": TAG}
+             "REGISTRY": registry, "TAG": tag}
     if CA_BUNDLE.exists():  # this network re-signs TLS: pip in RUN steps must trust its CA
         build["CA_BUNDLE"] = str(CA_BUNDLE)
         env["BUILDAH_BUD_FLAGS"] = f"--volume {CA_BUNDLE}:{CA_BUNDLE}:ro"
     build_step([str(REPO / "images/standin/bases.sh"), str(CACHE)], env, CACHE / "bases.log")
     build_step([str(REPO / "images/build.sh")], build, CACHE / "build.log")
-    return Images(env)
+    return Images(env, registry, tag)
 
 
 def check_pod_shape(images: Images, image: str) -> None:
@@ -364,9 +383,10 @@ def test_trial_image_runs_trials_that_report_to_the_tuner(images: Images, sqlite
     # It ran in the image: as uid 1000, with the image's own Python and TensorFlow.
     assert "in-image uid 1000 python /usr/bin/python3 tf 2.21.0" in logs
     # The best trial's SavedModel, written in the container, became the registered version.
-    model = json.loads(sqlite_home.cli("model", "show", "digits-image", "--json",
-                                       check=True).stdout)
-    versions = model["versions"]
-    assert len(versions) == 1
-    registry = sqlite_home.path / "data" / "models" / "digits-image" / str(versions[0]["version"])
-    assert (registry / "saved_model.pb").exists()
+    versions = json.loads(sqlite_home.cli("model", "show", "digits-image", "--json",
+                                          check=True).stdout)
+    assert len(versions) == 1 and versions[0]["stage"] == "production"
+    best = max(trials, key=lambda t: t["value"])
+    assert versions[0]["trial_number"] == best["number"]
+    assert versions[0]["metric_value"] == best["value"]
+    assert (Path(versions[0]["path"]) / "saved_model.pb").exists()
