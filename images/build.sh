@@ -21,7 +21,7 @@ registry=${REGISTRY:-ghcr.io/tunehub}
 tag=${TAG:-0.1.0}
 [ $# -gt 0 ] || set -- hub notebook trial
 
-flags="--isolation chroot --layers --network host"
+flags="--isolation chroot --layers --force-rm --network host"
 [ -z "${PYTHON_IMAGE:-}" ] || flags="$flags --build-arg PYTHON_IMAGE=$PYTHON_IMAGE"
 [ -z "${CA_BUNDLE:-}" ] || flags="$flags --volume $CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro"
 

@@ -176,7 +176,7 @@ def check_pod_shape(images: Images, image: str) -> None:
 # --- hub ----------------------------------------------------------------------------------------
 
 HUB_PROBE = r"""
-import json, sys
+import json
 import hub, kubespawner, tuner
 from traitlets.config.loader import PyFileConfigLoader
 c = PyFileConfigLoader("jupyterhub_config.py", path="/srv/tunehub").load_config()
@@ -194,7 +194,8 @@ print(json.dumps({
 
 def hub_pod(tmp_path: Path) -> tuple[dict[str, str], dict[Path, str], dict[str, Any]]:
     """The env and volumes of the hub container the chart renders (Secrets and the downward
-    API filled in as Kubernetes would), and the chart's values for the images."""
+    API filled in as Kubernetes would; the values Secret written where it is mounted), and the
+    container itself."""
     objects = render()
     deployment = find(objects, "Deployment", "tunehub-hub")
     container = deployment["spec"]["template"]["spec"]["containers"][0]

@@ -33,8 +33,8 @@ if [ ! -s "$tarball" ]; then
 fi
 
 # shellcheck disable=SC2086  # BUILDAH_BUD_FLAGS is a list of flags
-buildah bud --isolation chroot --layers --network host ${BUILDAH_BUD_FLAGS:-} \
+buildah bud --isolation chroot --layers --force-rm --network host ${BUILDAH_BUD_FLAGS:-} \
     -f "$here/python.Dockerfile" -t localhost/tunehub-standin/python:bookworm "$context"
 # shellcheck disable=SC2086
-buildah bud --isolation chroot --layers --network host ${BUILDAH_BUD_FLAGS:-} \
+buildah bud --isolation chroot --layers --force-rm --network host ${BUILDAH_BUD_FLAGS:-} \
     -f "$here/tensorflow.Dockerfile" -t localhost/tunehub-standin/tensorflow:2.21.0 "$context"
