@@ -173,6 +173,42 @@ def check_pod_shape(images: Images, image: str) -> None:
         assert host not in out.stdout
 
 
+# --- the locks ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("image", ["hub", "notebook", "trial"])
+def test_lock_satisfies_what_the_image_installs_tunehub_with(image: str) -> None:
+    """The build's ``pip check`` sees tunehub's base requirements but not its extras: a
+    dependency added to an extra in pyproject.toml without re-running images/lock.py would be
+    missing from the image unnoticed. This checks every requirement of the extras the image's
+    requirements.in names against the lock (no network)."""
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    folder = REPO / "images" / image
+    source = (folder / "requirements.in").read_text().splitlines()
+    lines = [ln.split("#")[0].strip() for ln in source]
+    project = next(ln for ln in lines if ln.startswith("."))
+    extras = Requirement("tunehub" + project[1:]).extras
+    pins = {}
+    for line in (folder / "requirements.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            req = Requirement(line)
+            pins[canonicalize_name(req.name)] = next(iter(req.specifier)).version
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [*meta["dependencies"], *(d for e in extras for d in meta["optional-dependencies"][e])]
+    env = {"python_version": "3.11", "platform_machine": "x86_64", "sys_platform": "linux"}
+    missing = []
+    for text in wanted:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        version = pins.get(canonicalize_name(req.name))
+        if version is None or not req.specifier.contains(version, prereleases=True):
+            missing.append(f"{text} (lock: {version})")
+    assert not missing, f"images/{image}/requirements.txt is stale, run images/lock.py: {missing}"
+
+
 # --- hub ----------------------------------------------------------------------------------------
 
 HUB_PROBE = r"""
