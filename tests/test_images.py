@@ -43,7 +43,7 @@ import yaml
 from tests.conftest import REPO, Home
 from tests.polling import wait_for
 from tests.service_fixtures import TunerHub, free_port
-from tests.test_hub_kube_config import NAMESPACE, find, hub_values, render
+from tests.test_hub_kube_config import NAMESPACE, find, hub_values, minimal_values, render
 
 # Cold builds (debootstrap, TensorFlow, three images) take minutes; warm ones seconds.
 pytestmark = pytest.mark.timeout(1800)
@@ -232,12 +232,21 @@ def hub_pod(tmp_path: Path) -> tuple[dict[str, str], dict[Path, str], dict[str, 
     """The env and volumes of the hub container the chart renders (Secrets and the downward
     API filled in as Kubernetes would; the values Secret written where it is mounted), and the
     container itself."""
-    objects = render()
+    objects = render(minimal_values())
     deployment = find(objects, "Deployment", "tunehub-hub")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: str(e["value"]) for e in container["env"] if "value" in e}
-    env.update({"POD_NAMESPACE": NAMESPACE, "CONFIGPROXY_AUTH_TOKEN": "p" * 32,
-                "TUNEHUB_TUNER_API_TOKEN": "t" * 32})
+    # What the Secrets the chart refers to would hold (the config only reads them here).
+    secrets = {"TUNEHUB_DB_URL": "postgresql+psycopg://tunehub@tunehub-db:5432/tunehub"}
+    env = {}
+    for e in container["env"]:
+        source = e.get("valueFrom", {})
+        if "value" in e:
+            env[e["name"]] = str(e["value"])
+        elif "fieldRef" in source:
+            assert source["fieldRef"]["fieldPath"] == "metadata.namespace", e
+            env[e["name"]] = NAMESPACE
+        else:
+            env[e["name"]] = secrets.get(e["name"], "s" * 32)
     volumes: dict[Path, str] = {}
     for mount in container["volumeMounts"]:
         host = tmp_path / mount["name"]
