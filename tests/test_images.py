@@ -99,6 +99,7 @@ class Images:
         try:
             yield ctr
         finally:
+            kill_processes_of(ctr)
             self.buildah("rm", ctr)
 
     def run_argv(self, ctr: str, image: str, command: list[str],
@@ -106,7 +107,8 @@ class Images:
                  volumes: dict[Path, str] | None = None) -> list[str]:
         """``buildah run`` as a pod runs the image: its entrypoint (tini) before ``command``,
         its user and working directory, host networking."""
-        argv = ["buildah", "run", "--isolation", "chroot", "--network", "host"]
+        argv = ["buildah", "run", "--isolation", "chroot", "--network", "host",
+                "--env", f"{MARKER}={ctr}"]
         for key, value in (env or {}).items():
             argv += ["--env", f"{key}={value}"]
         for host, inside in (volumes or {}).items():
@@ -118,6 +120,24 @@ class Images:
         with self.container(image) as ctr:
             return subprocess.run(self.run_argv(ctr, image, command, **kwargs), env=self.env,
                                   capture_output=True, text=True, timeout=timeout)
+
+
+MARKER = "TUNEHUB_TEST_CONTAINER"
+
+
+def kill_processes_of(ctr: str) -> None:
+    """SIGKILL whatever still runs in container ``ctr`` (found by the marker variable every
+    run gives it): the container's processes are not in ``buildah run``'s process group, so
+    stopping ``buildah run`` alone can leave them behind."""
+    marker = f"{MARKER}={ctr}\0".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass  # gone meanwhile
 
 
 def build_step(argv: list[str], env: dict[str, str], log: Path) -> None:
@@ -349,7 +369,7 @@ from sklearn.datasets import load_digits
 import tuner
 
 print("in-image uid", os.getuid(), "python", sys.executable, "tf", tf.__version__, flush=True)
-p = tuner.params({"units": 16})
+p = tuner.params({"units": 32})
 x, y = load_digits(return_X_y=True)
 x = x / 16.0
 model = tf.keras.Sequential([
@@ -357,7 +377,8 @@ model = tf.keras.Sequential([
     tf.keras.layers.Dense(p["units"], activation="relu"),
     tf.keras.layers.Dense(10, activation="softmax"),
 ])
-model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+model.compile(tf.keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy",
+              metrics=["accuracy"])
 history = model.fit(x[:1400], y[:1400], validation_data=(x[1400:], y[1400:]), epochs=3,
                     verbose=0)
 for step, value in enumerate(history.history["val_accuracy"], 1):
@@ -402,7 +423,7 @@ def test_trial_image_runs_trials_that_report_to_the_tuner(images: Images, sqlite
         "name": "in-image", "command": "python -u in_image.py train.py",
         "metric": "val_accuracy", "direction": "maximize", "trials": 2, "parallelism": 1,
         "sampler": "random", "pruner": "none",
-        "space": {"units": {"type": "int", "low": 8, "high": 32}},
+        "space": {"units": {"type": "int", "low": 16, "high": 64}},
         "promote": {"model": "digits-image", "policy": "always"},
     }
     (code / "sweep.yaml").write_text(yaml.safe_dump(spec))
@@ -425,7 +446,8 @@ def test_trial_image_runs_trials_that_report_to_the_tuner(images: Images, sqlite
         # Three epochs, each reported by the trial in the image, the last one its result.
         steps = trial["intermediate_values"]
         assert [s["step"] for s in steps] == [1, 2, 3]
-        assert trial["value"] == steps[-1]["value"] and 0.3 < trial["value"] <= 1.0
+        # Really trained (chance is 0.1): 3 epochs of this model reach ~0.9 on digits.
+        assert trial["value"] == steps[-1]["value"] and 0.5 < trial["value"] <= 1.0
     # It ran in the image: as uid 1000, with the image's own Python and TensorFlow.
     assert "in-image uid 1000 python /usr/bin/python3 tf 2.21.0" in logs
     # The best trial's SavedModel, written in the container, became the registered version.
