@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo up test lint bench install browser image-tools
+.PHONY: demo up test lint bench install browser image-tools acl
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,19 +28,24 @@ browser:
 
 # buildah (daemonless image builds, chroot isolation) and debootstrap (the stand-in base) for
 # tests/test_images.py; see images/README.md.
+# setfacl: as root, tunehub up lets people's own Unix users pass the directories above this
+# Python (pyenv under /root) with an execute-only ACL entry; the tests do the same.
+acl:
+	@command -v setfacl >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null; }
+
 image-tools:
 	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap >/dev/null; }
 
 demo: $(STAMP)
 	$(BIN)/tunehub demo
 
-up: $(STAMP)
+up: $(STAMP) acl
 	$(BIN)/tunehub up
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) browser image-tools
+test: $(STAMP) browser image-tools acl
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
