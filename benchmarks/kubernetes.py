@@ -48,12 +48,14 @@ def missing_parts() -> list[str]:
     return missing
 
 
-def priority_class(url: str, name: str) -> None:
-    """The PriorityClass the backend's Jobs name, created as the harness (not counted)."""
+def priority_class(url: str, name: str, token: str) -> None:
+    """The PriorityClass the backend's Jobs name, created as the harness (not counted) with
+    the emulator's admin token."""
     import httpx
 
     r = httpx.post(f"{url}/apis/scheduling.k8s.io/v1/priorityclasses", timeout=30,
-                   headers={"User-Agent": "tunehub-kube-harness/bench"},
+                   headers={"User-Agent": "tunehub-kube-harness/bench",
+                            "Authorization": f"Bearer {token}"},
                    json={"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                          "metadata": {"name": name}, "value": 1000})
     if r.status_code not in (201, 409):
@@ -185,7 +187,7 @@ class KubernetesBenchmark(Benchmark):
             os.environ.update({"KUBECONFIG": cluster["kubeconfig"],
                                "TUNEHUB_K8S_NAMESPACE": cluster["namespace"],
                                "TUNEHUB_DATA": str(data)})
-            priority_class(cluster["url"], "tunehub-sweep-normal")
+            priority_class(cluster["url"], "tunehub-sweep-normal", cluster["token"])
             runs = []
             for n in sizes:
                 ctx.log(f"kubernetes: {n} concurrent trials")

@@ -658,7 +658,17 @@ def test_standalone_cluster_serves_until_terminated(tmp_path: Path) -> None:
         info = json.loads(proc.stdout.readline())  # blocks until the cluster is up
         assert Path(info["kubeconfig"]).read_text().count(info["url"]) == 1
         assert (tmp_path / "d").is_dir() and info["namespace"] == "tunehub"
-        nodes = httpx.get(f"{info['url']}/api/v1/nodes", timeout=10).json()["items"]
+        # Like an API server: no token is system:anonymous (403), a wrong one 401.
+        anonymous = httpx.get(f"{info['url']}/api/v1/nodes", timeout=10)
+        assert anonymous.status_code == 403, anonymous.text
+        assert anonymous.json()["message"] == (
+            'nodes is forbidden: User "system:anonymous" cannot list resource "nodes" in API '
+            'group "" at the cluster scope')
+        bad = httpx.get(f"{info['url']}/api/v1/nodes", timeout=10,
+                        headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401 and bad.json()["reason"] == "Unauthorized"
+        nodes = httpx.get(f"{info['url']}/api/v1/nodes", timeout=10, headers={
+            "Authorization": f"Bearer {info['token']}"}).json()["items"]
         assert {n["metadata"]["name"] for n in nodes} == {"gpu-a100-0", "gpu-t4-0", "cpu-0"}
         counters = httpx.get(info["counters"], timeout=10).json()
         assert counters["client"] == {"nodes": {"list": 1}}

@@ -1,6 +1,7 @@
 """``python -m tests.kube --data DIR``: run the emulated cluster standalone until interrupted.
 
-Prints one JSON line with the API URL, kubeconfig path, namespace and counters URL, so a
+Prints one JSON line with the API URL, kubeconfig path, namespace, the admin bearer token and
+the counters URL, so a
 benchmark (or a person with kubectl) can use it."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 from pathlib import Path
 
 from .cluster import KubeCluster
+from .rbac import ADMIN_TOKEN
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster.start()
     print(json.dumps({"url": cluster.url, "kubeconfig": str(cluster.kubeconfig),
                       "namespace": cluster.namespace, "data": str(cluster.data_dir),
+                      "token": ADMIN_TOKEN,
                       "counters": f"{cluster.url}/_emulator/counters"}), flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

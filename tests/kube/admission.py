@@ -1,6 +1,7 @@
 """What a real API server does to an object besides storing it: server-set metadata,
-defaulting, admission checks (namespace exists, service account, PriorityClass resolution)
-and the garbage collector's handling of ownerReferences on delete."""
+defaulting, admission checks (namespace exists, service account, PriorityClass resolution,
+LimitRange, Pod Security, ResourceQuota, in the real plugins' order) and the garbage
+collector's handling of ownerReferences on delete."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import datetime as dt
 import random
 import uuid
 
+from . import podsecurity
+from .quota import Quotas
 from .resources import BY_KIND, RESOURCES, Resource, lookup
 from .store import Store
 
@@ -79,6 +82,9 @@ class Admission:
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.quotas = Quotas(store)
+        #: ``Warning`` headers of the last create (Pod Security of a Job's pod template)
+        self.warnings: list[str] = []
         self._ips = 0
         self._waiting: dict[str, tuple[Resource, str, str]] = {}  # foreground deletions
 
@@ -89,6 +95,7 @@ class Admission:
 
     def on_create(self, res: Resource, obj: dict, namespace: str | None) -> None:
         """Fill server-set metadata and kind defaults, run admission checks (may raise)."""
+        self.warnings = []
         meta = obj.setdefault("metadata", {})
         if res.namespaced:
             if meta.get("namespace") not in (None, namespace):
@@ -141,7 +148,21 @@ class Admission:
             if default:
                 spec["priorityClassName"] = default[0]["metadata"]["name"]
         spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        limits = self.quotas.limit_range(pod)
+        if limits:
+            text = limits[0] if len(limits) == 1 else f"[{', '.join(limits)}]"
+            raise Refused(403, "Forbidden", f'pods "{name}" is forbidden: {text}')
+        level, version = podsecurity.policy(self._namespace(ns))
+        found = podsecurity.violations(level, spec)
+        if found:
+            raise Refused(403, "Forbidden", podsecurity.refusal(name, level, version, found))
+        refused = self.quotas.admit("Pod", pod)
+        if refused:
+            raise Refused(403, "Forbidden", f'pods "{name}" is forbidden: {refused}')
         pod["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
+
+    def _namespace(self, name: str) -> dict | None:
+        return self.store.get(self._resource("namespaces"), "", name)
 
     def _create_jobs(self, job: dict) -> None:
         spec = job.setdefault("spec", {})
@@ -169,6 +190,14 @@ class Admission:
                   "batch.kubernetes.io/job-name", "job-name"):
             job_labels.setdefault(k, labels.get(k, name if "name" in k else uid))
         default_pod_spec(template.setdefault("spec", {}))
+        # Pod Security only warns about a workload's template; its pods are refused later.
+        level, version = podsecurity.policy(self._namespace(job["metadata"]["namespace"]))
+        found = podsecurity.violations(level, template["spec"])
+        if found:
+            self.warnings.append(podsecurity.warning(level, version, found))
+        refused = self.quotas.admit("Job", job)
+        if refused:
+            raise Refused(403, "Forbidden", f'jobs.batch "{name}" is forbidden: {refused}')
         job["status"] = {}
 
     def _create_services(self, svc: dict) -> None:

@@ -1,6 +1,7 @@
 """The harness's own API client: plain JSON over real HTTP to the emulator, identified by its
-User-Agent so the emulator counts its requests apart from the code under test. ``Informer``
-is the list-then-watch loop every Kubernetes controller runs."""
+User-Agent so the emulator counts its requests apart from the code under test, and
+authenticated as a cluster admin (the controllers of a real cluster are privileged too).
+``Informer`` is the list-then-watch loop every Kubernetes controller runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from .emulator import HARNESS_AGENT
+from .rbac import HARNESS_TOKEN
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,8 @@ class HarnessClient:
     def __init__(self, url: str, component: str) -> None:
         self.url = url
         self.session = aiohttp.ClientSession(
-            headers={"User-Agent": f"{HARNESS_AGENT}/{component}"},
+            headers={"User-Agent": f"{HARNESS_AGENT}/{component}",
+                     "Authorization": f"Bearer {HARNESS_TOKEN}"},
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
 
     async def close(self) -> None:

@@ -15,6 +15,7 @@ from .jobs import JobController
 from .kubelet import Kubelet
 from .kueue import KueueController
 from .nodes import FakeNode
+from .rbac import ADMIN_TOKEN, service_account_user
 from .resources import RESOURCES
 from .runner import Runtime
 from .store import Counters
@@ -36,11 +37,15 @@ class KubeCluster:
     """See the package docstring for the public API (it is what the ``kube`` fixture yields)."""
 
     def __init__(self, workdir: Path | None = None, nodes: list[FakeNode] | None = None,
-                 namespace: str = "tunehub", data_dir: Path | None = None) -> None:
+                 namespace: str = "tunehub", data_dir: Path | None = None,
+                 pod_security: str | None = None) -> None:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kube-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nodes = default_nodes() if nodes is None else nodes
         self.namespace = namespace
+        #: the namespace's ``pod-security.kubernetes.io/enforce`` level (None: unlabelled,
+        #: i.e. privileged, as a fresh namespace of a real cluster)
+        self.pod_security = pod_security
         self.claims: dict[str, Path] = {}
         self.data_dir = Path(data_dir) if data_dir else self.workdir / "data"
         self.map_claim(DATA_CLAIM, self.data_dir)
@@ -71,20 +76,27 @@ class KubeCluster:
     def start(self) -> KubeCluster:
         self.url = self.emulator.start()
         self.emulator.call(self._start(), timeout=60)
-        self.kubeconfig.write_text(yaml.safe_dump({
+        self._write_kubeconfig(self.kubeconfig, "harness", ADMIN_TOKEN)
+        return self
+
+    def _write_kubeconfig(self, path: Path, user: str, token: str) -> Path:
+        path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "preferences": {},
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "harness", "user": {"token": "emulator-token"}}],
+            "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": "emulator", "context": {
-                "cluster": "emulator", "user": "harness", "namespace": self.namespace}}],
+                "cluster": "emulator", "user": user, "namespace": self.namespace}}],
             "current-context": "emulator"}))
-        return self
+        return path
 
     async def _start(self) -> None:
         client = HarnessClient(self.url, "setup")
+        labels = ({"pod-security.kubernetes.io/enforce": self.pod_security}
+                  if self.pod_security else {})
         try:
             await client.create("/api/v1/namespaces", {
-                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}})
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": self.namespace, "labels": labels}})
             await client.create(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims", {
                 "apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": DATA_CLAIM, "namespace": self.namespace},
@@ -147,6 +159,53 @@ class KubeCluster:
                 await client.close()
 
         return self.emulator.call(_create())
+
+    def apply(self, objects: list[dict]) -> None:
+        """:meth:`create` each object (e.g. a chart's ServiceAccounts, Roles, RoleBindings)."""
+        for obj in objects:
+            self.create(obj)
+
+    def label_namespace(self, labels: dict[str, str], namespace: str | None = None) -> dict:
+        """Merge ``labels`` into a namespace, e.g. ``pod-security.kubernetes.io/enforce``."""
+        name = namespace or self.namespace
+
+        async def _patch() -> dict:
+            client = HarnessClient(self.url, "test")
+            try:
+                return await client.request("PATCH", f"/api/v1/namespaces/{name}",
+                                            {"metadata": {"labels": labels}},
+                                            "application/merge-patch+json")
+            finally:
+                await client.close()
+
+        return self.emulator.call(_patch())
+
+    def service_account_kubeconfig(self, name: str, namespace: str | None = None) -> Path:
+        """A kubeconfig authenticating as ServiceAccount ``name`` (which must exist when the
+        token is used): what a pod of that account gets, for code run outside a pod."""
+        ns = namespace or self.namespace
+        token = self.emulator.rbac.issue_token(ns, name)
+        return self._write_kubeconfig(self.workdir / f"kubeconfig-{ns}-{name}.yaml", name,
+                                      token)
+
+    def exercised(self, service_account: str, namespace: str | None = None,
+                  allowed: bool | None = True) -> set[tuple[str, str, str]]:
+        """``{(api group, resource, verb)}`` the ServiceAccount's requests were allowed
+        (``allowed=False``: denied, None: both)."""
+        user = service_account_user(namespace or self.namespace, service_account)
+        return self.emulator.rbac.exercised(user.name, allowed)
+
+    def granted(self, service_account: str, namespace: str | None = None
+                ) -> set[tuple[str, str, str]]:
+        """``{(api group, resource, verb)}`` the RBAC objects grant the ServiceAccount in
+        its namespace."""
+        ns = namespace or self.namespace
+        user = service_account_user(ns, service_account)
+
+        async def _granted() -> set[tuple[str, str, str]]:
+            return self.emulator.rbac.granted(user, ns)
+
+        return self.emulator.call(_granted())
 
     def objects(self, plural: str, namespace: str | None = "", group: str = "",
                 version: str = "v1", label_selector: str | None = None) -> list[dict]:

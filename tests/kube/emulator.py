@@ -25,6 +25,7 @@ from .admission import BUILTIN_PRIORITY_CLASSES, Admission, Refused
 from .http_errors import ApiError, error_response, not_found, success
 from .immutability import check_update
 from .patch import PatchError, apply_patch
+from .rbac import Rbac, Request, Unauthorized, forbidden_message
 from .resources import Resource
 from .selectors import SelectorError, field_matcher, label_matcher
 from .store import Counters, Store
@@ -43,6 +44,7 @@ class Emulator:
         self.log_dir = log_dir
         self.store = Store()
         self.admission = Admission(self.store)
+        self.rbac = Rbac(self.store)
         self.counters = Counters()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.url = ""
@@ -139,6 +141,8 @@ class Emulator:
             return error_response(err)
         except Refused as err:
             return error_response(ApiError(err.code, err.reason, err.message))
+        except Unauthorized:
+            return error_response(ApiError(401, "Unauthorized", "Unauthorized"))
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as exc:  # a bug in the emulator: still a Status, with the cause
@@ -148,13 +152,18 @@ class Emulator:
         parts = [p for p in request.path.split("/") if p]
         client = "harness" if request.headers.get("User-Agent", "").startswith(
             HARNESS_AGENT) else "client"
-        simple = self._discovery(parts)
-        if simple is not None:
-            return web.json_response(simple)
         if parts[:2] == ["_emulator", "counters"]:  # GET: counts, DELETE: reset
             if request.method == "DELETE":
                 self.counters.reset()
             return web.json_response(self.counters.as_json())
+        user = self.rbac.authenticate(request.headers.get("Authorization"))
+        simple = self._discovery(parts)
+        if simple is not None:
+            if not self.rbac.allows_path(user, request.path):
+                raise ApiError(403, "Forbidden", f'forbidden: User "{user.name}" cannot '
+                                                 f'{request.method.lower()} path '
+                                                 f'"{request.path}"')
+            return web.json_response(simple)
         if parts[:1] == ["api"] and len(parts) >= 3 and parts[1] == "v1":
             group, version, rest = "", "v1", parts[2:]
         elif parts[:1] == ["apis"] and len(parts) >= 4:
@@ -186,6 +195,13 @@ class Emulator:
                 method in ("PUT", "PATCH") and not name) or (
                 method == "POST" and res.namespaced and namespace is None):
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+        attrs = Request("watch" if name and verb == "get" and q.get("watch", "").lower() in (
+            "true", "1") else verb, res.group, res.plural, sub or "", namespace or "",
+            name or "")
+        if not self.rbac.authorize(user, attrs):
+            raise ApiError(403, "Forbidden", forbidden_message(user, attrs),
+                           {"name": name or "", "group": res.group, "kind": res.plural}
+                           if name else {"group": res.group, "kind": res.plural})
         self.counters.add(client, verb, res.plural + (f"/{sub}" if sub else ""))
         if verb == "watch":
             assert self._stopping is not None
@@ -201,9 +217,15 @@ class Emulator:
             return web.json_response(self._get(res, namespace, name or ""))
         if verb == "create":
             obj = self._create(res, namespace, body, dry_run="dryRun" in q)
-            return web.json_response(obj, status=201)
+            response = web.json_response(obj, status=201)
+            for w in self.admission.warnings:
+                response.headers.add("Warning", '299 - "' + w.replace('"', '\\"') + '"')
+            self._after_write(res, namespace)
+            return response
         if verb == "update":
-            return web.json_response(self._update(res, namespace, name or "", body, sub, q))
+            updated = self._update(res, namespace, name or "", body, sub, q)
+            self._after_write(res, namespace)
+            return web.json_response(updated)
         if verb == "patch":
             old = self._get(res, namespace, name or "")
             try:
@@ -212,7 +234,9 @@ class Emulator:
                 if "content type" in str(exc):
                     raise ApiError(415, "UnsupportedMediaType", str(exc)) from None
                 raise ApiError(422, "Invalid", str(exc)) from None
-            return web.json_response(self._update(res, namespace, name or "", patched, sub, q))
+            updated = self._update(res, namespace, name or "", patched, sub, q)
+            self._after_write(res, namespace)
+            return web.json_response(updated)
         delete_opts = (await self._body(request, optional=True)) or {}
         if q.get("gracePeriodSeconds") is not None:
             delete_opts["gracePeriodSeconds"] = q["gracePeriodSeconds"]
@@ -220,14 +244,21 @@ class Emulator:
         if delete_opts.get("orphanDependents") is True:
             propagation = "Orphan"
         if verb == "delete":
-            return web.json_response(self._delete(res, namespace, name or "", propagation,
-                                                  delete_opts))
+            gone = self._delete(res, namespace, name or "", propagation, delete_opts)
+            self._after_write(res, namespace)
+            return web.json_response(gone)
         items = self._list(res, namespace, q)["items"]
         for item in items:
             self.admission.delete(res, item, propagation)
         self.admission.settle()
+        self._after_write(res, namespace)
         return web.json_response({"kind": f"{res.kind}List", "apiVersion": res.api_version,
                                   "metadata": {}, "items": items})
+
+    def _after_write(self, res: Resource, namespace: str | None) -> None:
+        """The quota controller's part: usage changes with pods and Jobs (and new quotas)."""
+        if namespace and res.plural in ("pods", "jobs", "resourcequotas"):
+            self.admission.quotas.refresh(namespace)
 
     @staticmethod
     def _discovery(parts: list[str]) -> dict | None:

@@ -288,9 +288,10 @@ class JobController:
             try:
                 created.append(await self.client.create(
                     f"/api/v1/namespaces/{job['metadata']['namespace']}/pods", pod))
-            except ApiFailure as exc:
+            except ApiFailure as exc:  # e.g. quota or Pod Security: retried every tick
                 await self._failed_create(job, exc.message or str(exc))
                 break
+            self._create_errors.pop(job["metadata"]["uid"], None)
         return created
 
     def _pod_for(self, job: dict, index: int | None) -> dict:

@@ -35,6 +35,7 @@ class Resource:
 
 
 KUEUE = "kueue.x-k8s.io"
+RBAC = "rbac.authorization.k8s.io"
 
 RESOURCES: tuple[Resource, ...] = (
     Resource("", "v1", "namespaces", "Namespace", namespaced=False, has_status=True),
@@ -47,9 +48,16 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("", "v1", "events", "Event", short_names=("ev",)),
     Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", has_status=True),
     Resource("", "v1", "serviceaccounts", "ServiceAccount", short_names=("sa",)),
+    Resource("", "v1", "resourcequotas", "ResourceQuota", has_status=True,
+             short_names=("quota",)),
+    Resource("", "v1", "limitranges", "LimitRange", short_names=("limits",)),
     Resource("batch", "v1", "jobs", "Job", has_status=True),
     Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False),
     Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+    Resource(RBAC, "v1", "roles", "Role"),
+    Resource(RBAC, "v1", "rolebindings", "RoleBinding"),
+    Resource(RBAC, "v1", "clusterroles", "ClusterRole", namespaced=False),
+    Resource(RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
     Resource(KUEUE, "v1beta2", "localqueues", "LocalQueue", has_status=True),
     Resource(KUEUE, "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False,
              has_status=True),
