@@ -9,6 +9,7 @@ import asyncio
 import copy
 import datetime as dt
 import logging
+import re
 
 from .admission import now
 from .client import ApiFailure, HarnessClient, Informer, path_of
@@ -320,9 +321,11 @@ class JobController:
 
     async def _failed_create(self, job: dict, message: str) -> None:
         uid = job["metadata"]["uid"]
-        if self._create_errors.get(uid) == message:
+        # one event per cause, not per retry (each retry's pod has a new generated name)
+        key = re.sub(r'^pods "[^"]*"', "pods", message)
+        if self._create_errors.get(uid) == key:
             return
-        self._create_errors[uid] = message
+        self._create_errors[uid] = key
         meta, stamp = job["metadata"], now()
         event = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},

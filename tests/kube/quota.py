@@ -88,14 +88,18 @@ class Quotas:
             for item in (lr.get("spec") or {}).get("limits") or []:
                 if item.get("type") != "Container":
                     continue
+                # the LimitRange's own defaulting: default <- max, defaultRequest <- default
+                # then min, per resource
+                default = {**(item.get("max") or {}), **(item.get("default") or {})}
+                default_request = {**(item.get("min") or {}), **default,
+                                   **(item.get("defaultRequest") or {})}
                 for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
                     res = c.setdefault("resources", {})
                     limits = res.setdefault("limits", {})
                     requests = res.setdefault("requests", {})
-                    for k, v in (item.get("default") or {}).items():
+                    for k, v in default.items():
                         limits.setdefault(k, v)
-                    for k, v in (item.get("defaultRequest") or item.get("default")
-                                 or {}).items():
+                    for k, v in default_request.items():
                         requests.setdefault(k, v)
                     for key in ("limits", "requests"):
                         if not res[key]:
