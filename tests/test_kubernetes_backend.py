@@ -11,6 +11,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
+from tests.chart_security import TUNER_ACCOUNT, install_chart_security, tuner_kubeconfig
 from tests.kube import KubeCluster
 from tests.kube.waiting import eventually
 from tuner.backends._base import TrialEvent, TrialLaunch
@@ -24,6 +25,12 @@ GPU_TYPES = [
     {"name": "t4", "product": "Tesla-T4", "generation": 1, "maxPerNode": 4},
     {"name": "a100", "product": "NVIDIA-A100-SXM4-80GB", "generation": 2, "maxPerNode": 2},
 ]
+
+
+#: What a pod needs to pass Pod Security ``restricted`` (the namespace's level here).
+RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 1000,
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def settings(data: Path, **kw: object) -> KubeSettings:
@@ -184,9 +191,11 @@ def test_settings_from_env(tmp_path: Path) -> None:
 
 @pytest.fixture
 def kube_env(kube: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> KubeCluster:
-    """The environment a tuner gets from the chart, pointed at the emulated cluster."""
+    """The environment a tuner gets from the chart, pointed at the emulated cluster: the
+    chart's tuner ServiceAccount and Role, a namespace enforcing Pod Security ``restricted``."""
     data = kube.data_dir
-    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    install_chart_security(kube)
+    monkeypatch.setenv("KUBECONFIG", str(tuner_kubeconfig(kube)))
     monkeypatch.setenv("TUNEHUB_DATA", str(data))
     monkeypatch.setenv("TUNEHUB_HOME", str(data / ".tunehub"))
     monkeypatch.setenv("TUNEHUB_K8S_GPU_TYPES", json.dumps(GPU_TYPES))
@@ -213,7 +222,7 @@ class Events:
         async def find() -> TrialEvent:
             while True:
                 for ev in self.seen:
-                    if ev.trial_id == trial and ev.kind != "started":
+                    if ev.trial_id == trial and ev.final:
                         return ev
                 self.changed.clear()
                 await self.changed.wait()
@@ -368,10 +377,27 @@ def spec(**resources: object) -> SweepSpec:
 
 def test_check_refuses_what_cannot_run(kube_env: KubeCluster,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the chart's Role the tuner may not read Nodes or PriorityClasses: the GPU check
+    uses the gpuTypes inventory. Granted cluster-wide reads, it uses the real ones."""
+    with pytest.raises(SpecError, match=r"no node has more than 4 \(maxPerNode in "
+                                        r"TUNEHUB_K8S_GPU_TYPES\)"):
+        KubernetesBackend.from_env().check(spec(gpu=5))
+    kube_env.apply([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "cluster-reader"}, "rules": [
+             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+             {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"],
+              "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "tuner-reads-the-cluster"},
+         "subjects": [{"kind": "ServiceAccount", "name": TUNER_ACCOUNT,
+                       "namespace": kube_env.namespace}],
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "cluster-reader"}}])
     be = KubernetesBackend.from_env()
     be.check(spec(gpu=2, gpu_type="a100"))
     be.check(spec(gpu=4))
-    with pytest.raises(SpecError, match="no node has more than 4") as err:
+    with pytest.raises(SpecError, match="no node has more than 4 .allocatable") as err:
         be.check(spec(gpu=5))
     assert err.value.field == "resources.gpu"
     with pytest.raises(SpecError, match="no a100 node has more than 2"):
@@ -526,6 +552,9 @@ async def test_watch_relists_after_410_and_keeps_reporting(
 
         await eventually(running, 30, "the trial pod to run")
         lists = kube_env.counters.snapshot().get(("list", "pods"), 0)
+        # A write the pod watch does not see, so its resourceVersion is older than the
+        # compaction for sure (watching from exactly the compacted revision is allowed).
+        kube_env.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bump"}})
         kube_env.compact()
 
         async def relisted() -> bool:
@@ -597,10 +626,12 @@ async def test_preempted_low_priority_trial_is_rerun_by_its_job(
                          "\n    time.sleep(0.1)\n")
         kube_env.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "notebook"},
                          "spec": {"priorityClassName": "notebooks", "restartPolicy": "Never",
+                                  "securityContext": RESTRICTED_POD,
                                   "nodeSelector": {m.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"},
                                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
                                   "containers": [{
                                       "name": "nb", "image": "notebook",
+                                      "securityContext": RESTRICTED_CONTAINER,
                                       "command": ["python", "-c", wait_for_file],
                                       "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}})
 
@@ -643,3 +674,117 @@ async def test_api_requests_per_trial_are_constant(
     assert counts[("create", "jobs")] == counts[("delete", "jobs")] == n, counts
     assert counts[("get", "pods/log")] == n, counts
     assert counts.get(("get", "jobs"), 0) == 0 and counts.get(("get", "pods"), 0) == 0, counts
+
+
+# --- under the chart's RBAC and the namespace's quota ----------------------------------------
+
+async def test_tuner_role_grants_exactly_the_verbs_the_backend_uses(
+        kube_env: KubeCluster) -> None:
+    """Every path of the backend, as the chart's tuner ServiceAccount: the verbs it used are
+    the verbs its Role grants (a missing one is a 403 that fails the path, an unused one is
+    listed here), and only the cluster-wide reads it tolerates being refused were refused."""
+    be = KubernetesBackend.from_env()
+    events = Events()
+    be.subscribe(events)
+    await be.start()
+    second = KubernetesBackend.from_env()
+    try:
+        await asyncio.to_thread(be.check, spec(cpu=1))  # the server-side dry run
+        # Two workers: the Indexed Job, its token Secret and headless Service, both logs.
+        two = kube_launch(kube_env, 1, "print('worker')", resources=Resources(workers=2))
+        await be.launch(two)
+        assert (await events.final(1)).kind == "succeeded"
+        # A tuner restarted while an attempt runs retries its create: 409, the Job is read
+        # back and adopted, its token Secret re-keyed.
+        gate = kube_env.data_dir / "gate"
+        held = kube_launch(kube_env, 2, "", command="python wait.py")
+        (held.workdir / "wait.py").write_text(
+            f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.1)\n")
+        await be.launch(held)
+        await second.start()
+        await second.launch(held)
+        assert len(kube_env.objects("jobs", label_selector=f"{m.TRIAL_LABEL}=2")) == 1
+        await second.cancel(2, 1)  # deletes the Job
+        await be.cleanup(3)
+    finally:
+        await second.close()
+        await be.close()
+    used = kube_env.exercised(TUNER_ACCOUNT)
+    granted = kube_env.granted(TUNER_ACCOUNT)
+    assert used == granted, (f"granted but never used: {sorted(granted - used)}; "
+                             f"used but not granted: {sorted(used - granted)}")
+    assert kube_env.exercised(TUNER_ACCOUNT, allowed=False) == {
+        ("", "nodes", "list"), ("scheduling.k8s.io", "priorityclasses", "get")}
+
+
+async def test_trial_waits_for_the_namespace_quota_and_says_why(
+        backend: tuple[KubernetesBackend, Events], kube_env: KubeCluster) -> None:
+    """The quota holds one trial's CPU: the second trial's Job cannot create its pod, so the
+    attempt waits (no failure) with the API server's reason, and runs once the first ends."""
+    be, events = backend
+    kube_env.create({"apiVersion": "v1", "kind": "ResourceQuota",
+                     "metadata": {"name": "compute"}, "spec": {"hard": {"requests.cpu": "1"}}})
+    gate = kube_env.data_dir / "gate"
+    first = kube_launch(kube_env, 1, "", command="python wait.py")
+    (first.workdir / "wait.py").write_text(
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.1)\n")
+    await be.launch(first)
+
+    async def running() -> bool:
+        pods = kube_env.objects("pods", label_selector=f"{m.TRIAL_LABEL}=1")
+        return bool(pods) and pods[0]["status"].get("phase") == "Running"
+
+    await eventually(running, 30, "the first trial to run")
+    await be.launch(kube_launch(kube_env, 2, "print('second ran')"))
+
+    async def waiting() -> TrialEvent | None:
+        return next((e for e in events.seen if e.trial_id == 2 and e.kind == "waiting"), None)
+
+    wait = await eventually(waiting, 30, "the second trial to say it waits")
+    assert wait.reason.startswith("waiting: the cluster does not create its pod yet: pods "
+                                  '"tunehub-s3-t2-a1-'), wait
+    assert wait.reason.endswith("is forbidden: exceeded quota: compute, requested: "
+                                "requests.cpu=1, used: requests.cpu=1, limited: "
+                                "requests.cpu=1"), wait
+    assert not [e for e in events.seen if e.trial_id == 2 and e.final]
+    gate.write_text("")
+    assert (await events.final(1)).kind == "succeeded"
+    done = await events.final(2)
+    assert done.kind == "succeeded", done
+    assert [e.kind for e in events.seen if e.trial_id == 2] == ["waiting", "started",
+                                                                "succeeded"]
+
+
+async def test_pods_the_namespace_never_admits_fail_the_attempt_at_once(
+        backend: tuple[KubernetesBackend, Events], kube_env: KubeCluster) -> None:
+    """A refusal no wait can fix (a LimitRange bound here, Pod Security likewise) ends the
+    attempt with the API server's reason instead of leaving it waiting."""
+    be, events = backend
+    kube_env.create({"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "bounds"},
+                     "spec": {"limits": [{"type": "Container", "max": {"cpu": "1"}}]}})
+    await be.launch(kube_launch(kube_env, 1, "print(1)", resources=Resources(cpu=2)))
+    failed = await events.final(1)
+    assert failed.kind == "failed", failed
+    assert failed.reason.startswith('the cluster refuses its pods: pods "tunehub-s3-t1-a1-')
+    assert failed.reason.endswith("is forbidden: maximum cpu usage per Container is 1, but "
+                                  "limit is 2"), failed
+    assert "waiting" not in [e.kind for e in events.seen]
+
+
+async def test_dry_run_reports_the_pod_security_warning(kube_env: KubeCluster) -> None:
+    """What check() refuses a sweep with: the API server admits a Job whose pods Pod Security
+    will refuse, with a warning, which the dry run returns."""
+    from tuner.backends.kubernetes.api import Kube, connect
+
+    s = KubeSettings.from_env()
+    kube = Kube(await connect(s), s.namespace)
+    try:
+        body = m.job(s, launch(kube_env.data_dir))
+        assert await kube.dry_run_warnings(body) == []
+        body["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] = True
+        assert await kube.dry_run_warnings(body) == [
+            'would violate PodSecurity "restricted:latest": privileged (container "trial" must '
+            "not set securityContext.privileged=true)"]
+    finally:
+        await kube.close()
+    assert kube_env.objects("jobs") == []

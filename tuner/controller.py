@@ -65,6 +65,7 @@ class _Running:
     last_step: int | None = None
     final_value: float | None = None
     pruned: bool = False
+    waiting: bool = False  # its reason says why it cannot start yet
 
 
 class Engine:
@@ -424,8 +425,10 @@ class SweepController:
         rt = self.running.get(event.trial_id)
         if rt is None or event.attempt != rt.attempt:
             return  # an old attempt's late news
-        if event.kind == "started":
-            self._note_start(event.reason)
+        if not event.final:
+            if event.kind == "started":
+                self._note_start(event.reason)
+            self._waiting(rt, event)
             return
         del self.running[event.trial_id]
         self.engine._track(event.trial_id, None)
@@ -477,6 +480,21 @@ class SweepController:
                 f"stopped after {self.n_failed} failed trials (max_failed_trials: {limit}); "
                 f"last failure, {self.last_failure}"
             )
+
+    def _waiting(self, rt: _Running, event: TrialEvent) -> None:
+        """A running trial that cannot start yet shows why in its reason (``sweep show``, the
+        API) until it starts."""
+        if event.kind == "waiting":
+            reason: str | None = event.reason
+        elif rt.waiting:  # started: the wait is over
+            reason = None
+        else:
+            return
+        rt.waiting = reason is not None
+        with self.db.session() as s:
+            row = s.get(Trial, rt.trial_id)
+            assert row is not None
+            row.reason = reason
 
     def _finish_trial(
         self, rt: _Running, state: str, value: float | None, reason: str | None
@@ -643,7 +661,7 @@ class SweepController:
             if event is None:
                 continue
             rt = self.running.get(event.trial_id)
-            if rt is not None and event.attempt == rt.attempt and event.kind != "started":
+            if rt is not None and event.attempt == rt.attempt and event.final:
                 del self.running[event.trial_id]
                 self.engine._track(event.trial_id, None)
                 metrics.TRIALS_RUNNING.dec()

@@ -16,7 +16,9 @@ from typing import Literal
 
 from tuner.spec import Resources, SweepSpec
 
-EventKind = Literal["started", "succeeded", "failed"]
+#: ``waiting``: the attempt was submitted but cannot start yet, and ``reason`` says why (e.g. the
+#: namespace's quota is full); it is not an outcome: ``started`` or an outcome follows.
+EventKind = Literal["started", "waiting", "succeeded", "failed"]
 Ignore = Callable[[str, list[str]], set[str]]  # what shutil.copytree leaves out
 
 # How a "started" event's reason begins when the trial paid its imports itself.
@@ -58,6 +60,11 @@ class TrialEvent:
     kind: EventKind
     exit_code: int | None = None
     reason: str = ""
+
+    @property
+    def final(self) -> bool:
+        """An outcome (succeeded or failed), not news about a still-live attempt."""
+        return self.kind in ("succeeded", "failed")
 
 
 OnEvent = Callable[[TrialEvent], Awaitable[None] | None]

@@ -65,6 +65,16 @@ async def connect(settings: KubeSettings) -> client.ApiClient:
     return api
 
 
+def _warning_text(header: str) -> str:
+    """The text of an HTTP ``Warning: 299 - "text"`` header (RFC 7234 quoting undone)."""
+    _, _, rest = header.partition(" ")  # the code (299)
+    _, _, text = rest.partition(" ")  # the agent ("-")
+    text = text.strip()
+    if text.startswith('"') and text.endswith('"'):
+        text = text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    return text or header
+
+
 class Kube:
     """The calls the backend makes, in one namespace, returning the API's JSON."""
 
@@ -79,12 +89,15 @@ class Kube:
         await self.api.close()
 
     @staticmethod
-    async def _json(call: Any) -> dict[str, Any]:
+    async def _json(call: Any, warnings: list[str] | None = None) -> dict[str, Any]:
         """Run a ``_preload_content=False`` call: the JSON body, or :class:`ApiException`
-        for an error status (the client only raises by itself when it parses the body)."""
+        for an error status (the client only raises by itself when it parses the body).
+        The server's ``Warning`` headers are added to ``warnings`` if given."""
         resp = await call
         try:
             body = await resp.read()
+            if warnings is not None:
+                warnings += [_warning_text(w) for w in resp.headers.getall("Warning", [])]
         finally:
             resp.release()
         if resp.status >= 400:
@@ -95,10 +108,8 @@ class Kube:
 
     # --- Jobs and their dependents ------------------------------------------------------
 
-    async def create(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"_preload_content": False}
-        if dry_run:
-            kwargs["dry_run"] = "All"
         kind = obj["kind"]
         if kind == "Job":
             return await self._json(self.batch.create_namespaced_job(self.ns, obj, **kwargs))
@@ -107,6 +118,17 @@ class Kube:
         if kind == "Service":
             return await self._json(self.core.create_namespaced_service(self.ns, obj, **kwargs))
         raise ValueError(f"unsupported kind {kind}")
+
+    async def dry_run_warnings(self, obj: dict[str, Any]) -> list[str]:
+        """Create Job ``obj`` as a server-side dry run (nothing is stored; an invalid Job
+        raises :class:`ApiException`) and return the server's ``Warning`` headers, e.g. that
+        its pods would violate the namespace's Pod Security level."""
+        warnings: list[str] = []
+        await self._json(
+            self.batch.create_namespaced_job(self.ns, obj, dry_run="All", _preload_content=False),
+            warnings,
+        )
+        return warnings
 
     async def patch_secret(self, name: str, patch: dict[str, Any]) -> None:
         await self._json(
@@ -137,26 +159,40 @@ class Kube:
                 return False
             raise
 
-    async def list(self, kind: str, selector: str) -> dict[str, Any]:
-        if kind == "jobs":
-            call = self.batch.list_namespaced_job
-        else:
-            call = self.core.list_namespaced_pod
-        return await self._json(call(self.ns, label_selector=selector, _preload_content=False))
+    def _lister(self, kind: str) -> Any:
+        return {
+            "jobs": self.batch.list_namespaced_job,
+            "pods": self.core.list_namespaced_pod,
+            "events": self.core.list_namespaced_event,
+        }[kind]
+
+    @staticmethod
+    def _selectors(selector: str, fields: str | None) -> dict[str, str]:
+        out = {"label_selector": selector} if selector else {}
+        if fields:
+            out["field_selector"] = fields
+        return out
+
+    async def list(self, kind: str, selector: str, fields: str | None = None) -> dict[str, Any]:
+        """Jobs, pods or events of the namespace matching a label (and field) selector."""
+        return await self._json(
+            self._lister(kind)(
+                self.ns, **self._selectors(selector, fields), _preload_content=False
+            )
+        )
 
     async def watch(
-        self, kind: str, selector: str, resource_version: str
+        self, kind: str, selector: str, resource_version: str, fields: str | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """One watch request from ``resource_version``; ends after :data:`WATCH_SECONDS`.
         A 410 Gone (history compacted) raises :class:`ApiException` for the caller to re-list.
         """
-        call = self.batch.list_namespaced_job if kind == "jobs" else self.core.list_namespaced_pod
         w = watch.Watch(return_type="object")  # keep the JSON: no model objects per event
         try:
             async for event in w.stream(
-                call,
+                self._lister(kind),
                 self.ns,
-                label_selector=selector,
+                **self._selectors(selector, fields),
                 resource_version=resource_version,
                 timeout_seconds=WATCH_SECONDS,
                 _request_timeout=WATCH_SECONDS + 30,  # a silently dead connection ends too

@@ -2,7 +2,9 @@
 
 Two watches (Jobs and pods labelled ``app.kubernetes.io/managed-by=tunehub`` in the namespace)
 feed every attempt's events, so the API load per trial is constant: create the Job and its
-token Secret, read the log once at the end, delete the Job when cancelled or at cleanup.
+token Secret, read the log once at the end, delete the Job when cancelled or at cleanup. A
+third watch follows the Job controller's ``FailedCreate`` Events: an attempt whose pods the
+cluster refuses for now (namespace quota full, Pod Security) waits and says why.
 
 Restart safety: Job names are deterministic, so a second create of the same attempt is a
 409 that adopts the existing Job; :meth:`reconcile` adopts running Jobs of a sweep by label and
@@ -39,6 +41,13 @@ log = logging.getLogger("tunehub.backends.kubernetes")
 
 START_TIMEOUT = 60.0
 RETRY_SECONDS = 2.0  # back-off before re-listing after a failed watch
+#: The Job controller's Events for pods it cannot create (quota, Pod Security, ...).
+FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
+#: Refusals of a trial's pod that no waiting fixes (the pod spec itself is at fault): the
+#: namespace's Pod Security level, its LimitRange bounds.
+NEVER_ADMITTED = ("violates PodSecurity", "usage per Container is", "usage per Pod is")
+#: What each watch follows: (label selector, field selector).
+WATCHES = {"jobs": (m.SELECTOR, None), "pods": (m.SELECTOR, None), "events": ("", FAILED_CREATE)}
 
 
 @dataclass
@@ -51,6 +60,7 @@ class _Attempt:
     done: bool = False
     stop_reason: str | None = None
     pod_reason: str | None = None
+    waiting: str | None = None  # why its pods cannot be created yet (last reported)
     pods: set[str] = field(default_factory=set)
     unschedulable: asyncio.TimerHandle | None = None
 
@@ -111,7 +121,7 @@ class KubernetesBackend(Backend):
             return
         self.kube = Kube(await connect(self.settings), self.settings.namespace)
         loop = asyncio.get_running_loop()
-        for kind in ("jobs", "pods"):
+        for kind in WATCHES:
             self._ready[kind] = asyncio.Event()
             self._watches.append(loop.create_task(self._watch(kind), name=f"k8s-watch-{kind}"))
         try:
@@ -280,11 +290,12 @@ class KubernetesBackend(Backend):
     async def _watch(self, kind: str) -> None:
         """List, then watch from the list's resourceVersion; re-list after 410 Gone."""
         kube = self._api()
-        handler = self._on_job if kind == "jobs" else self._on_pod
+        handler = {"jobs": self._on_job, "pods": self._on_pod, "events": self._on_event}[kind]
+        labels, fields = WATCHES[kind]
         while True:
             try:
                 known = [a for a in self._attempts.values() if a.confirmed]
-                listed = await kube.list(kind, m.SELECTOR)
+                listed = await kube.list(kind, labels, fields)
                 version = listed["metadata"]["resourceVersion"]
                 for obj in listed.get("items") or []:
                     await self._safely(handler, obj)
@@ -292,7 +303,7 @@ class KubernetesBackend(Backend):
                     await self._vanished(known, listed.get("items") or [])
                 self._ready[kind].set()
                 while True:
-                    async for etype, obj in kube.watch(kind, m.SELECTOR, version):
+                    async for etype, obj in kube.watch(kind, labels, version, fields):
                         version = obj.get("metadata", {}).get("resourceVersion", version)
                         await self._safely(handler, obj, etype == "DELETED")
             except asyncio.CancelledError:
@@ -301,7 +312,11 @@ class KubernetesBackend(Backend):
                 if isinstance(exc, ApiException) and exc.status == 410:
                     continue  # history compacted: list again
                 if not self._ready[kind].is_set():
-                    self._start_error = describe(exc)
+                    if kind == "events" and isinstance(exc, ApiException) and exc.status == 403:
+                        log.warning("may not watch Events: trials waiting for their pods "
+                                    "(quota, Pod Security) cannot say why: %s", describe(exc))
+                    else:
+                        self._start_error = describe(exc)
                     self._ready[kind].set()
                     return
                 log.warning("watch of %s failed, listing again: %s", kind, describe(exc))
@@ -351,6 +366,22 @@ class KubernetesBackend(Backend):
             if reason:
                 return reason
         return None
+
+    async def _on_event(self, event: dict[str, Any], deleted: bool = False) -> None:
+        """The Job controller could not create an attempt's pod (the namespace's quota is
+        full, Pod Security refuses it, its PriorityClass is missing...). It keeps retrying,
+        so the attempt waits, and says why, until its pods run."""
+        att = self._attempts.get((event.get("involvedObject") or {}).get("name", ""))
+        if deleted or att is None or att.done or att.started:
+            return
+        message = str(event.get("message") or "").removeprefix("Error creating: ")
+        if any(rule in message for rule in NEVER_ADMITTED):
+            await self._stop(att, f"the cluster refuses its pods: {message}")
+            return
+        reason = f"waiting: the cluster does not create its pod yet: {message}"
+        if reason != att.waiting:
+            att.waiting = reason
+            await self._emit(att.launch, "waiting", reason)
 
     async def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
         labels = pod["metadata"].get("labels") or {}

@@ -108,7 +108,12 @@ async def _dry_run(s: KubeSettings, kube: Kube, spec: SweepSpec) -> None:
         priority=spec.priority,
     )
     try:
-        await kube.create(m.job(s, probe), dry_run=True)
+        warnings = await kube.dry_run_warnings(m.job(s, probe))
     except ApiException as exc:
         message = api_message(exc)
         raise SpecError("spec", f"the cluster refuses the trial Job: {message}") from None
+    # The API server admits a Job whose pods Pod Security will refuse, with a warning: those
+    # trials could never start, so refuse now.
+    refused = [w for w in warnings if "PodSecurity" in w]
+    if refused:
+        raise SpecError("spec", f"the cluster would refuse the trial pods: {refused[0]}")
