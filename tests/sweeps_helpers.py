@@ -47,12 +47,16 @@ def run_on_kubernetes(home: Any, spec: dict[str, Any], directory: Path) -> dict[
 
 def kube_cli_home(kube: Any, tmp_path: Path, **extra_env: str) -> Any:
     """A CLI home whose sweeps run on the emulated cluster ``kube`` (its data store as
-    ``TUNEHUB_DATA``), with the sweep PriorityClasses the backend's defaults name."""
+    ``TUNEHUB_DATA``), with the sweep PriorityClasses the backend's defaults name, as the
+    chart's tuner ServiceAccount (its Role) in a namespace enforcing Pod Security
+    ``restricted``, as the chart installs it."""
+    from tests.chart_security import install_chart_security, tuner_kubeconfig
     from tests.conftest import Home
 
     for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
         kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                      "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
+    install_chart_security(kube)
     data = kube.data_dir
     return Home(data / ".tunehub", f"sqlite:///{tmp_path / 'tunehub.sqlite'}", extra_env={
-        "KUBECONFIG": str(kube.kubeconfig), "TUNEHUB_DATA": str(data), **extra_env})
+        "KUBECONFIG": str(tuner_kubeconfig(kube)), "TUNEHUB_DATA": str(data), **extra_env})

@@ -32,6 +32,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.chart_security import HUB_ACCOUNT, hub_kubeconfig, install_chart_security
 from tests.kube import KubeCluster
 from tests.oidc_provider import OidcProvider
 from tests.polling import wait_for
@@ -246,6 +247,9 @@ def chart_hub(kube: KubeCluster, tmp_path: Path,
     for obj in objects:
         if obj["kind"] in ("PriorityClass", "Secret"):
             kube.create(obj)
+    # The hub runs as the chart's ServiceAccount, under its Role, in a namespace enforcing the
+    # Pod Security level the chart documents.
+    install_chart_security(kube)
     for sub in ("datasets", "models"):
         (kube.data_dir / sub).mkdir(parents=True, exist_ok=True)
     (kube.data_dir / "datasets" / "digits.csv").write_text("0,1\n")
@@ -267,8 +271,8 @@ def chart_hub(kube: KubeCluster, tmp_path: Path,
             if not k.startswith(("TUNEHUB_", "JUPYTERHUB_", "CONFIGPROXY_", "KUBERNETES_"))}
     env = {**base, **chart_env,
            "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-           # The hub pod's service account, here: a kubeconfig for the emulator.
-           "KUBECONFIG": str(kube.kubeconfig),
+           # The hub pod's service account token, here: a kubeconfig for the emulator.
+           "KUBECONFIG": str(hub_kubeconfig(kube)),
            "T_REPO_CONFIG": str(REPO / "jupyterhub_config.py"),
            "T_HUB_CONNECT_URL": f"http://127.0.0.1:{hub_port}",
            "T_PROXY_API_URL": f"http://127.0.0.1:{proxy_api_port}",
@@ -337,6 +341,13 @@ def test_cpu_notebook_pod_starts_and_answers_through_the_proxy(
     assert r.status_code in (202, 204), r.text
     hub.wait(lambda: hub.server("alice") is None and kube.get("pods", "jupyter-alice") is None
              and not kube.pids(), 60, "alice's server, pod and process to be gone")
+
+    # Least privilege: a spawn and a stop used every verb the chart's hub Role grants, and
+    # were refused nothing.
+    used, granted = kube.exercised(HUB_ACCOUNT), kube.granted(HUB_ACCOUNT)
+    assert used == granted, (f"granted but never used: {sorted(granted - used)}; "
+                             f"used but not granted: {sorted(used - granted)}")
+    assert kube.exercised(HUB_ACCOUNT, allowed=False) == set()
 
 
 @pytest.mark.timeout(240)

@@ -119,10 +119,8 @@ async def test_restarted_service_adopts_running_jobs(
     from tuner.spec import SweepSpec
     from tuner.sweeps import SweepStore, local_actor
 
-    for value, priority in ((10, "low"), (100, "normal"), (500, "high")):
-        kube.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                     "metadata": {"name": f"tunehub-sweep-{priority}"}, "value": value})
-    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    # The chart's tuner identity and cluster set-up, as for the CLI sweeps.
+    monkeypatch.setenv("KUBECONFIG", kube_cli_home(kube, tmp_path).extra_env["KUBECONFIG"])
     data, gate = kube.data_dir, kube.data_dir / "gate"
     monkeypatch.setenv("TUNEHUB_HOME", str(data / ".tunehub"))
     monkeypatch.setenv("TUNEHUB_DATA", str(data))
@@ -185,3 +183,44 @@ async def test_restarted_service_adopts_running_jobs(
         trials = list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id)))
         assert [(t.state, t.attempts) for t in trials] == [("completed", 1), ("completed", 1)]
         assert all(t.value is not None for t in trials)
+
+
+def test_trials_wait_for_the_namespace_quota_and_the_user_sees_why(
+        kube: KubeCluster, tmp_path: Path) -> None:
+    """The namespace's quota holds one trial at a time: the second trial waits (it does not
+    fail or use up a retry), ``sweep show`` says it waits for the quota, and it runs once the
+    first trial frees the quota."""
+    home = kube_cli_home(kube, tmp_path)
+    kube.create({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "sweeps"},
+                 "spec": {"hard": {"requests.cpu": "1"}}})
+    gate = kube.data_dir / "gate"
+    spec = write_sweep(tmp_path / "code", GATED, trials=2, parallelism=2, max_retries=0,
+                       env={"GATE": str(gate)}, resources={"cpu": 1, "memory": "256Mi"})
+    run = home.popen("sweep", "run", str(spec), "--backend", "kubernetes", "--wait", "--json")
+    try:
+        def one_waits() -> dict | None:
+            shown = home.cli("sweep", "show", "1", "--json")
+            if shown.returncode != 0:
+                return None
+            trials = parse_json(shown.stdout)["trials_detail"]
+            waiting = [t for t in trials if (t["reason"] or "").startswith("waiting")]
+            return waiting[0] if waiting and len(trials) == 2 else None
+
+        waiting = wait_for(one_waits, 90, "a trial to wait for the quota")
+        assert waiting["state"] == "running" and waiting["attempts"] == 1, waiting
+        assert "exceeded quota: sweeps, requested: requests.cpu=1, used: requests.cpu=1, " \
+               "limited: requests.cpu=1" in waiting["reason"], waiting
+        text = home.cli("sweep", "show", "1", check=True).stdout
+        assert f"trial {waiting['number']} running: waiting: the cluster does not create its " \
+               "pod yet: pods" in text, text
+        gate.write_text("")
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out + err
+    sweep = parse_json(out)
+    assert sweep["state"] == "completed", sweep
+    trials = sweep["trials_detail"]
+    assert [(t["state"], t["attempts"], t["reason"]) for t in trials] == [
+        ("completed", 1, None), ("completed", 1, None)], trials

@@ -176,10 +176,15 @@ def _final(where: LocalOps | RemoteOps, sweep_id: int, as_json: bool, quiet: boo
     if as_json:
         print_json({**view, "trials_detail": where.trials(sweep_id)})
     elif not quiet:
-        console.print(leaderboard(view, where.trials(sweep_id)))
+        trials = where.trials(sweep_id)
+        console.print(leaderboard(view, trials))
         console.print(summary_line(view), markup=False, highlight=False)
         if view.get("cold_start"):
             console.print(f"note: trials start cold: {view['cold_start']}", markup=False)
+        for t in trials:  # unfinished trials that say why (e.g. waiting for the cluster)
+            if t["state"] in ("pending", "running") and t["reason"]:
+                console.print(f"trial {t['number']} {t['state']}: {t['reason']}",
+                              soft_wrap=True, markup=False, highlight=False)
     return str(view["state"])
 
 
