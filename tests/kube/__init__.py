@@ -5,8 +5,12 @@ controller. No mocks: clients (kubernetes-asyncio, KubeSpawner, kubectl) talk HT
 Fixture API (stable; ``pytest_plugins = ["tests.kube.fixtures"]`` or import the fixtures)::
 
     def test_something(kube):            # function-scoped, a fresh cluster per test
-        kube.url                         # "http://127.0.0.1:PORT" (no auth, plain HTTP)
-        kube.kubeconfig                  # Path of a kubeconfig (context namespace = tunehub)
+        kube.url                         # "http://127.0.0.1:PORT" (plain HTTP, bearer tokens)
+        kube.kubeconfig                  # Path of a cluster-admin kubeconfig (namespace tunehub)
+        kube.service_account_kubeconfig("sa")   # ... authenticating as ServiceAccount "sa"
+        kube.apply([role, binding])      # kube.create each (RBAC objects, quotas, ...)
+        kube.label_namespace({"pod-security.kubernetes.io/enforce": "restricted"})
+        kube.exercised("sa"), kube.granted("sa")   # {(group, resource, verb)} used / granted
         kube.namespace                   # "tunehub" (exists, with ServiceAccount "default")
         kube.data_dir                    # local dir backing PVC "tunehub-data" (PVC exists)
         kube.map_claim("tunehub-data", path)   # back a claim by another local dir
@@ -38,15 +42,18 @@ everything else as ``client``: ``kube.counters.writes()`` / ``.reads()`` /
 
 What the emulator does like a real API server: discovery, CRUD for core/v1 (namespaces,
 nodes, pods, services, endpoints, secrets, configmaps, events, persistentvolumeclaims,
-serviceaccounts), batch/v1 jobs, scheduling.k8s.io/v1 priorityclasses, networking.k8s.io/v1
-networkpolicies, kueue.x-k8s.io/v1beta2 localqueues/clusterqueues/resourceflavors/workloads;
+serviceaccounts, resourcequotas, limitranges), batch/v1 jobs, scheduling.k8s.io/v1
+priorityclasses, networking.k8s.io/v1 networkpolicies, rbac.authorization.k8s.io/v1 roles,
+rolebindings, clusterroles, clusterrolebindings, kueue.x-k8s.io/v1beta2
+localqueues/clusterqueues/resourceflavors/workloads;
 ``/status``, ``pods/log``, ``pods/binding``; label selectors (=, ==, !=, in, notin, key, !key)
 and field selectors (any dotted path, = and !=); list + watch with resourceVersion (replay,
 410 Gone after compaction, ``timeoutSeconds``); merge, strategic-merge (applied as merge)
 and JSON patch; 409 AlreadyExists / Conflict (stale resourceVersion); ``dryRun``;
 generateName, uid, creationTimestamp, generation; defaulting (pod spec, Job selector and
 labels, limits -> requests); admission (namespace must exist, service account must exist,
-``priorityClassName`` must exist -> 403, resolves ``spec.priority``); every stored object is
+``priorityClassName`` must exist -> 403, resolves ``spec.priority``; LimitRange, Pod Security,
+ResourceQuota); every stored object is
 validated against the Kubernetes 1.36 OpenAPI schema (kubernetes-validate, strict: unknown
 fields rejected) plus semantic checks (names, labels, requests <= limits, extended resources
 integer with requests == limits, Job restartPolicy) -> 422 ``Status`` reason Invalid.
@@ -98,10 +105,15 @@ Pod network (:mod:`tests.kube.podnet`): each pod has its own loopback address
 (``status.podIP``) and host ports for its container ports; ``<hostname>.<subdomain>``
 names resolve only inside ``TF_CONFIG`` (a ``sitecustomize`` on the pods' ``PYTHONPATH``).
 
-Not emulated: authentication/RBAC, user-set finalizers (only foregroundDeletion), cluster
+Authentication and RBAC (:mod:`tests.kube.rbac`), Pod Security Admission
+(:mod:`tests.kube.podsecurity`), LimitRange and ResourceQuota (:mod:`tests.kube.quota`) refuse
+what a real API server refuses, with its messages; each module lists what it leaves out.
+
+Not emulated: user-set finalizers (only foregroundDeletion), cluster
 DNS for other clients (Service names do not resolve), per-pod network namespaces (pods share
-the host's ports; only ``TF_CONFIG``'s are remapped), runAsUser / read-only mounts /
-securityContext enforcement, images (``command``+``args``, or ``args`` alone, run locally),
+the host's ports; only ``TF_CONFIG``'s are remapped), runAsUser / read-only mounts (admission
+checks the securityContext, the processes run as the test's user), images
+(``command``+``args``, or ``args`` alone, run locally),
 server-side apply (415), pagination (``limit`` ignored: lists are complete), watch
 bookmarks, Kueue cohorts/borrowing/fair sharing.
 """
