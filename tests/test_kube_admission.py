@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.kube import KubeCluster
-from tests.kube.rbac import ADMIN_TOKEN
+from tests.kube.rbac import ADMIN_TOKEN, grant
 from tests.polling import wait_for
 
 NS = "tunehub"
@@ -37,21 +37,9 @@ def worker(kube: KubeCluster, rules: list[dict], cluster_rules: list[dict] | Non
     """ServiceAccount ``worker`` bound to a Role with ``rules`` (and a ClusterRole)."""
     kube.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "worker"}})
     subject = [{"kind": "ServiceAccount", "name": "worker", "namespace": NS}]
-    kube.apply([
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "worker"}, "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "worker"}, "subjects": subject,
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                     "name": "worker"}}])
+    kube.apply(grant("worker", rules, subject))
     if cluster_rules:
-        kube.apply([
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-             "metadata": {"name": "worker-nodes"}, "rules": cluster_rules},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-             "metadata": {"name": "worker-nodes"}, "subjects": subject,
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                         "name": "worker-nodes"}}])
+        kube.apply(grant("worker-nodes", cluster_rules, subject, cluster=True))
     return As(kube, kube.emulator.rbac.issue_token(NS, "worker"))
 
 
@@ -156,16 +144,10 @@ def test_role_grants_exactly_its_verbs_resources_and_names(kube: KubeCluster) ->
 
 def test_group_subjects_and_wildcards(kube: KubeCluster) -> None:
     sa = worker(kube, [])
-    kube.apply([
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": "read-all"},
-         "rules": [{"apiGroups": ["*"], "resources": ["*/status"], "verbs": ["*"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": "all-accounts"},
-         "subjects": [{"kind": "Group", "name": f"system:serviceaccounts:{NS}",
-                       "apiGroup": "rbac.authorization.k8s.io"}],
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                     "name": "read-all"}}])
+    kube.apply(grant("read-all", [{"apiGroups": ["*"], "resources": ["*/status"],
+                                   "verbs": ["*"]}],
+                     [{"kind": "Group", "name": f"system:serviceaccounts:{NS}",
+                       "apiGroup": "rbac.authorization.k8s.io"}]))
     kube.create(pod("p", SAFE_CONTAINER))
     assert sa("GET", f"/api/v1/namespaces/{NS}/pods/p/status").status_code == 200
     assert sa("GET", f"/api/v1/namespaces/{NS}/pods/p").status_code == 403

@@ -13,6 +13,7 @@ import pytest
 
 from tests.chart_security import TUNER_ACCOUNT, install_chart_security, tuner_kubeconfig
 from tests.kube import KubeCluster
+from tests.kube.rbac import grant
 from tests.kube.waiting import eventually
 from tuner.backends._base import TrialEvent, TrialLaunch
 from tuner.backends.kubernetes import GpuType, KubernetesBackend, KubeSettings
@@ -382,18 +383,11 @@ def test_check_refuses_what_cannot_run(kube_env: KubeCluster,
     with pytest.raises(SpecError, match=r"no node has more than 4 \(maxPerNode in "
                                         r"TUNEHUB_K8S_GPU_TYPES\)"):
         KubernetesBackend.from_env().check(spec(gpu=5))
-    kube_env.apply([
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "cluster-reader"}, "rules": [
-             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
-             {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"],
-              "verbs": ["get"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "tuner-reads-the-cluster"},
-         "subjects": [{"kind": "ServiceAccount", "name": TUNER_ACCOUNT,
-                       "namespace": kube_env.namespace}],
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "cluster-reader"}}])
+    kube_env.apply(grant("cluster-reader", [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get"]},
+    ], [{"kind": "ServiceAccount", "name": TUNER_ACCOUNT, "namespace": kube_env.namespace}],
+        cluster=True))
     be = KubernetesBackend.from_env()
     be.check(spec(gpu=2, gpu_type="a100"))
     be.check(spec(gpu=4))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,13 @@ from tests.sweeps_helpers import kube_cli_home, parse_json, run_on_kubernetes, w
 pytestmark = pytest.mark.slow
 
 DIGITS = REPO / "examples" / "digits"
+
+
+def finished(proc: subprocess.Popen[str]) -> dict:
+    """The JSON a ``--wait --json`` CLI run prints once it exits (it must exit 0)."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out + err
+    return dict(parse_json(out))
 
 
 def test_digits_sweep_on_kubernetes_promotes_a_model(kube: KubeCluster, tmp_path: Path) -> None:
@@ -91,12 +99,10 @@ def test_killed_tuner_resumes_without_duplicate_jobs(kube: KubeCluster, tmp_path
 
         wait_for(relaunched, 60, "the resumed controller's attempts")
         gate.write_text("")
-        out, err = resumed.communicate(timeout=300)
+        sweep = finished(resumed)
     finally:
         if resumed.poll() is None:
             resumed.kill()
-    assert resumed.returncode == 0, out + err
-    sweep = parse_json(out)
     assert sweep["state"] == "completed" and sweep["completed"] == 2, sweep
     assert kube.objects("jobs") == []
 
@@ -214,12 +220,10 @@ def test_trials_wait_for_the_namespace_quota_and_the_user_sees_why(
         assert f"trial {waiting['number']} running: waiting: the cluster does not create its " \
                "pod yet: pods" in text, text
         gate.write_text("")
-        out, err = run.communicate(timeout=300)
+        sweep = finished(run)
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode == 0, out + err
-    sweep = parse_json(out)
     assert sweep["state"] == "completed", sweep
     trials = sweep["trials_detail"]
     assert [(t["state"], t["attempts"], t["reason"]) for t in trials] == [

@@ -75,6 +75,17 @@ def service_account_user(namespace: str, name: str) -> User:
                  "system:authenticated"))
 
 
+def grant(name: str, rules: list[dict], subjects: list[dict], cluster: bool = False
+          ) -> list[dict]:
+    """A Role and its RoleBinding (``cluster``: a ClusterRole and ClusterRoleBinding) giving
+    ``subjects`` the ``rules``, ready for ``kube.apply``."""
+    kind = "ClusterRole" if cluster else "Role"
+    return [{"apiVersion": f"{RBAC}/v1", "kind": kind, "metadata": {"name": name},
+             "rules": rules},
+            {"apiVersion": f"{RBAC}/v1", "kind": f"{kind}Binding", "metadata": {"name": name},
+             "subjects": subjects, "roleRef": {"apiGroup": RBAC, "kind": kind, "name": name}}]
+
+
 def forbidden_message(user: User, req: Request) -> str:
     """The API server's message for a denied resource request."""
     qualified = f"{req.resource}.{req.group}" if req.group else req.resource
