@@ -519,6 +519,12 @@ def test_required_values_are_refused_by_name(values: dict[str, Any], message: st
         render(values)
 
 
+#: What the chart's ``lookup`` calls read. Helm's Go client (helm-python-sdk) sends no token
+#: over plain HTTP, so the emulator sees it as ``system:anonymous``.
+HELM_LOOKUP = [{"apiGroups": [""], "resources": ["secrets", "persistentvolumeclaims"],
+                "verbs": ["get"]}]
+
+
 def test_generated_secrets_survive_an_upgrade(kube: Any) -> None:
     """Helm's ``lookup`` against the (emulated) API server: an upgrade renders the tokens and
     the admin password already in the cluster, never new ones."""
@@ -531,6 +537,7 @@ def test_generated_secrets_survive_an_upgrade(kube: Any) -> None:
     assert set(generated) == {f"{RELEASE}-tokens", f"{RELEASE}-hub-admin"}
     for secret in generated.values():
         kube.create(secret)
+    kube.grant_anonymous(HELM_LOOKUP)
     with helm.Config(kubeconfig_path=str(kube.kubeconfig)) as config, \
             helm.Chart.load(CHART) as chart:
         upgrade = parse_manifests(config.render(chart, values, name=RELEASE,
@@ -604,6 +611,7 @@ def test_an_upgrade_changing_a_claims_storage_class_is_refused_up_front(kube: An
     claim = find(render(values, namespace=kube.namespace, release=release),
                  "PersistentVolumeClaim", f"{release}-tunehub-data")
     kube.create(claim)
+    kube.grant_anonymous(HELM_LOOKUP)
     values["data"]["storageClassName"] = "cephfs"
     with helm.Config(kubeconfig_path=str(kube.kubeconfig)) as config, \
             helm.Chart.load(CHART) as chart:

@@ -78,6 +78,12 @@ def test_tokens_authenticate_and_unknown_ones_are_401(kube: KubeCluster) -> None
     assert anonymous("GET", "/version").status_code == 200  # public, like a real cluster
     forbidden(anonymous("GET", "/apis"),
               'forbidden: User "system:anonymous" cannot get path "/apis"')
+    # nonResourceURLs rules of a ClusterRole open paths to whom they are bound.
+    kube.grant_anonymous([])
+    assert anonymous("GET", "/apis").status_code == 200
+    forbidden(anonymous("GET", f"/api/v1/namespaces/{NS}/pods"),
+              'pods is forbidden: User "system:anonymous" cannot list resource "pods" in API '
+              f'group "" in the namespace "{NS}"')
     bad = As(kube, "not-a-token")("GET", "/api/v1/nodes")
     assert bad.status_code == 401 and bad.json()["reason"] == "Unauthorized"
     admin = As(kube, ADMIN_TOKEN)

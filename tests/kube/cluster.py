@@ -15,8 +15,8 @@ from .jobs import JobController
 from .kubelet import Kubelet
 from .kueue import KueueController
 from .nodes import FakeNode
-from .rbac import ADMIN_TOKEN, service_account_user
-from .resources import RESOURCES
+from .rbac import ADMIN_TOKEN, grant, service_account_user
+from .resources import RBAC, RESOURCES
 from .runner import Runtime
 from .store import Counters
 
@@ -164,6 +164,15 @@ class KubeCluster:
         """:meth:`create` each object (e.g. a chart's ServiceAccounts, Roles, RoleBindings)."""
         for obj in objects:
             self.create(obj)
+
+    def grant_anonymous(self, rules: list[dict]) -> None:
+        """Let unauthenticated requests read discovery and do ``rules`` (a ClusterRole bound
+        to ``system:anonymous``): for clients that send no credentials over plain HTTP, such
+        as Helm's Go client through helm-python-sdk."""
+        discovery = {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*"], "verbs": ["get"]}
+        self.apply(grant("anonymous", [discovery, *rules],
+                         [{"kind": "User", "name": "system:anonymous", "apiGroup": RBAC}],
+                         cluster=True))
 
     def label_namespace(self, labels: dict[str, str], namespace: str | None = None) -> dict:
         """Merge ``labels`` into a namespace, e.g. ``pod-security.kubernetes.io/enforce``."""

@@ -148,10 +148,16 @@ class Rbac:
 
     # -- authorization -----------------------------------------------------------------------
     def allows_path(self, user: User, path: str) -> bool:
-        """Non-resource URLs: public health and version; discovery for anyone authenticated."""
+        """Non-resource URLs: public health and version; discovery for anyone authenticated;
+        otherwise ``nonResourceURLs`` rules of the user's ClusterRoles (``/apis/*``)."""
         if user.admin or path.rstrip("/") in PUBLIC_PATHS:
             return True
-        return "system:authenticated" in user.groups
+        if "system:authenticated" in user.groups:
+            return True
+        return any("get" in (rule.get("verbs") or []) or "*" in (rule.get("verbs") or [])
+                   for rule in self._rules(user, "")
+                   for url in rule.get("nonResourceURLs") or []
+                   if url == path or (url.endswith("*") and path.startswith(url[:-1])))
 
     def authorize(self, user: User, req: Request) -> bool:
         allowed = user.admin or any(_rule_allows(rule, req)
