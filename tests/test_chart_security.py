@@ -51,3 +51,27 @@ def test_the_chart_documents_the_pod_security_label() -> None:
     assert command in (CHART / "README.md").read_text()
     notes = (CHART / "templates" / "NOTES.txt").read_text()
     assert f"kubectl label namespace {{{{ .Release.Namespace }}}} {label}={level}" in notes
+
+
+def test_fix_permissions_needs_a_baseline_namespace(kube: KubeCluster) -> None:
+    """``data.fixPermissions`` adds a root init container to the hub pod: ``restricted``
+    refuses it with the reasons, ``baseline`` (what the chart README asks for then) admits."""
+    values = example_values()
+    values["data"]["fixPermissions"] = True
+    objects = render(values, namespace=kube.namespace)
+    for obj in objects:
+        if obj["kind"] == "PriorityClass":
+            kube.create(obj)
+    install_chart_security(kube)
+    hub = next(o for o in objects if o["kind"] == "Deployment"
+               and o["metadata"]["name"] == "tunehub-hub")["spec"]["template"]
+    r = dry_run_pod(kube, "hub-x", hub)
+    assert r.status_code == 403, r.text
+    assert r.json()["message"] == (
+        'pods "hub-x" is forbidden: violates PodSecurity "restricted:latest": unrestricted '
+        'capabilities (container "data-permissions" must not include "CHOWN", "DAC_OVERRIDE", '
+        '"FOWNER" in securityContext.capabilities.add), runAsNonRoot != true (container '
+        '"data-permissions" must not set securityContext.runAsNonRoot=false), runAsUser=0 '
+        '(container "data-permissions" must not set runAsUser=0)')
+    kube.label_namespace({"pod-security.kubernetes.io/enforce": "baseline"})
+    assert dry_run_pod(kube, "hub-x", hub).status_code == 201
