@@ -145,3 +145,16 @@ def test_up_finds_what_people_cannot_reach_and_names_the_closed_directory(
     assert unreachable([open_dir / "python", open_dir], gid) is None
     found = unreachable([open_dir / "python", open_dir / "link"], gid)
     assert found == f"{open_dir / 'link'} (Permission denied; {closed} is closed to others)"
+
+
+def test_people_logging_in_at_the_same_moment_all_get_their_users(users: UnixUsers) -> None:
+    """useradd refuses at once while another useradd holds /etc/passwd's lock; accounts made
+    at the same moment (two people logging in, the hub and the tuner) must all succeed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [f"p{i}" for i in range(8)]
+    with ThreadPoolExecutor(len(names)) as pool:
+        made = list(pool.map(users.ensure, names + names))  # each twice, at once
+    assert {u.login for u in made} == {users.login_name(n) for n in names}
+    for name in names:
+        assert pwd.getpwnam(users.login_name(name)).pw_gecos == MARK + name

@@ -27,6 +27,7 @@ import re
 import signal
 import stat
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,7 +159,10 @@ class UnixUsers:
         try:
             return grp.getgrnam(self.group).gr_gid
         except KeyError:
-            _run(["groupadd", "--system", self.group])
+            try:
+                _run(["groupadd", "--system", self.group])
+            except UnixUserError:
+                pass  # made meanwhile by another process: the look-up below tells
             return grp.getgrnam(self.group).gr_gid
 
     # --- changes -------------------------------------------------------------------------
@@ -172,23 +176,32 @@ class UnixUsers:
         login = self.login_name(account)
         home = self.home_of(account)
         self.group_id()
-        try:
-            entry = pwd.getpwnam(login)
-        except KeyError:
-            entry = None
+        entry = _entry(login)
         if entry is None:
-            _run(["useradd", "--system", "--user-group", "--groups", self.group,
-                  "--home-dir", str(home), "--no-create-home", "--shell", LOGIN_SHELL,
-                  "--comment", MARK + account, login])
-        elif entry.pw_gecos != MARK + account or entry.pw_uid == 0:
+            try:
+                _run(["useradd", "--system", "--user-group", "--groups", self.group,
+                      "--home-dir", str(home), "--no-create-home", "--shell", LOGIN_SHELL,
+                      "--comment", MARK + account, login])
+            except UnixUserError:
+                # Made meanwhile by another process for the same account (two logins at
+                # once): that user is ours; anything else is the error it was.
+                entry = _entry(login)
+                if entry is None or entry.pw_gecos != MARK + account:
+                    raise
+            return self._ready(account)
+        if entry.pw_gecos != MARK + account or entry.pw_uid == 0:
             raise UnixUserError(
                 f"account {account!r}: the system user {login!r} already exists and is not "
                 "tunehub's; rename or remove it (tunehub never reuses other users)")
-        elif entry.pw_shell == RETIRED_SHELL or entry.pw_dir != str(home):
+        if entry.pw_shell == RETIRED_SHELL or entry.pw_dir != str(home):
             _run(["usermod", "--expiredate", "", "--shell", LOGIN_SHELL, "--home", str(home),
                   login])
+        return self._ready(account)
+
+    def _ready(self, account: str) -> UnixUser:
         user = self.lookup(account)
-        assert user is not None
+        if user is None:
+            raise UnixUserError(f"account {account!r}: its system user vanished while made")
         self._make_home(user)
         return user
 
@@ -322,12 +335,34 @@ def kill_processes_of(uid: int) -> list[int]:
     return killed
 
 
-def _run(argv: list[str]) -> None:
+# useradd/usermod/groupadd refuse at once ("cannot lock /etc/passwd; try again later") while
+# another of them (two people logging in at the same moment, another tunehub, apt) holds the
+# file's lock: they are tried again for this long.
+PASSWD_LOCK_WAIT_SECONDS = 30.0
+
+
+def _entry(login: str) -> pwd.struct_passwd | None:
     try:
-        subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise UnixUserError(f"{argv[0]} not found: system users need the passwd package "
-                            "(useradd, usermod, groupadd)") from None
-    except subprocess.CalledProcessError as exc:
-        raise UnixUserError(f"{' '.join(argv[:1])} {argv[-1]}: "
-                            f"{(exc.stderr or '').strip() or exc.returncode}") from None
+        return pwd.getpwnam(login)
+    except KeyError:
+        return None
+
+
+def _run(argv: list[str]) -> None:
+    deadline = time.monotonic() + PASSWD_LOCK_WAIT_SECONDS
+    delay = 0.05
+    while True:
+        try:
+            subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60)
+            return
+        except FileNotFoundError:
+            raise UnixUserError(f"{argv[0]} not found: system users need the passwd package "
+                                "(useradd, usermod, groupadd)") from None
+        except subprocess.CalledProcessError as exc:
+            error = (exc.stderr or "").strip()
+            if "cannot lock" in error and time.monotonic() < deadline:
+                time.sleep(delay)  # back-off while another process holds /etc/passwd's lock
+                delay = min(delay * 2, 1.0)
+                continue
+            raise UnixUserError(f"{' '.join(argv[:1])} {argv[-1]}: "
+                                f"{error or exc.returncode}") from None
