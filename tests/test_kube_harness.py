@@ -246,7 +246,13 @@ async def test_delete_job_orphan_keeps_pods(kube: KubeCluster,
     await batch.delete_namespaced_job("orphan", NS, propagation_policy="Orphan")
     pods = kube.objects("pods", label_selector="job-name=orphan")
     assert len(pods) == 1 and "ownerReferences" not in pods[0]["metadata"]
-    await batch.create_namespaced_job(NS, job_body("fg", "import time; time.sleep(600)"))
+    # The pod ignores SIGTERM, so it stays Terminating for its grace period: the Job is seen
+    # marked while its pod is still there (a pod that exits at once could take the Job with it
+    # before the test looks).
+    stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "time.sleep(600)")
+    await batch.create_namespaced_job(NS, job_body(
+        "fg", stubborn, pod={"terminationGracePeriodSeconds": 5}))
 
     async def fg_pod() -> list[dict]:
         return kube.objects("pods", label_selector="job-name=fg")
