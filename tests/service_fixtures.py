@@ -38,6 +38,7 @@ class TunerHub:
     env: dict[str, str]
     process: subprocess.Popen[bytes]
     log: Path
+    data: Path  # the data store (TUNEHUB_DATA): where the service takes code from
     tokens: dict[str, str] = field(default_factory=dict)
 
     def token(self, user: str, scopes: list[str]) -> str:
@@ -104,6 +105,7 @@ def tuner_hub(tmp_path: Path, db_url: str) -> Iterator[TunerHub]:
     admin_token = secrets.token_hex(16)
     environment = {
         "TUNEHUB_HOME": str(tmp_path / "tunehub"),
+        "TUNEHUB_DATA": str(tmp_path / "data"),
         "TUNEHUB_DB_URL": db_url,
         "TUNEHUB_LOCAL_GPUS": "",
         "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -127,7 +129,8 @@ def tuner_hub(tmp_path: Path, db_url: str) -> Iterator[TunerHub]:
             cwd=home, stdout=fh, stderr=subprocess.STDOUT, env=env,
         )
     url = f"http://127.0.0.1:{port}/"
-    hub = TunerHub(url, f"{url}services/tuner/api/v1/", admin_token, home, environment, proc, log)
+    hub = TunerHub(url, f"{url}services/tuner/api/v1/", admin_token, home, environment, proc, log,
+                   tmp_path / "data")
 
     def ready() -> bool:
         if proc.poll() is not None:

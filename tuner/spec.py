@@ -40,6 +40,16 @@ PRUNER_OPTIONS: dict[str, tuple[str, ...]] = {
 # trials have reported there (see tuner.pruning).
 OUR_PRUNER_OPTIONS = ("min_trials",)
 
+# Variables the platform sets on trials (GPU placement, multi-worker layout, tunehub's and the
+# hub's own settings and tokens): a spec's ``env`` may not set them, or a trial could grant
+# itself GPUs it did not ask for, or pose as another trial.
+PLATFORM_ENV = frozenset({
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_REQUIRE_CUDA", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+    "TF_CONFIG", "JOB_COMPLETION_INDEX", "HOME", "PYTHONUNBUFFERED",
+})
+PLATFORM_ENV_PREFIXES = ("TUNEHUB_", "JUPYTERHUB_", "JPY_", "KUBERNETES_")
+
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 _ENV_ASSIGNMENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
@@ -225,7 +235,8 @@ class SweepSpec:
             elif isinstance(p, IntParam):
                 grid[name] = list(range(p.low, p.high + 1, p.step))
             else:
-                assert p.step is not None
+                if p.step is None:
+                    raise SpecError(f"space.{name}", "the grid sampler needs a step")
                 n = int(math.floor((p.high - p.low) / p.step + 1e-9))
                 grid[name] = [round(p.low + i * p.step, 12) for i in range(n + 1)]
         return grid
@@ -332,6 +343,8 @@ def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
         isinstance(k, str) and isinstance(v, str | int | float) for k, v in env.items()
     ):
         raise SpecError("env", "expected a mapping of variable names to strings")
+    for key in env:
+        _check_env_name(key)
     preload = _preload(data.get("preload"))
     max_failed = data.get("max_failed_trials")
     if max_failed is not None:
@@ -375,6 +388,18 @@ def _preload(raw: Any) -> str | tuple[str, ...]:
             "preload", f"expected auto, none or a list of module names, got {raw!r}"
         )
     return tuple(raw)
+
+
+def _check_env_name(key: str) -> None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        raise SpecError(f"env.{key}", "expected a variable name (letters, digits and '_')")
+    upper = key.upper()
+    if upper in PLATFORM_ENV or upper.startswith(PLATFORM_ENV_PREFIXES):
+        raise SpecError(
+            f"env.{key}",
+            "is set by tunehub (GPU placement, TF_CONFIG, tokens and TUNEHUB_*/JUPYTERHUB_* "
+            "settings belong to the platform); ask for GPUs with resources.gpu",
+        )
 
 
 def _no_unknown(data: Mapping[str, Any], allowed: set[str], prefix: str) -> None:
