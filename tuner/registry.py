@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 STAGES = ("production", "canary")
 POLICIES = ("if-better", "always", "never")
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
+MODEL_NAME = _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 
 
 class RegistryError(TunehubError):

@@ -279,9 +279,23 @@ _TOP_FIELDS = {
 _REQUIRED = ("name", "command", "metric", "space")
 
 
+def _no_nul(value: Any, where: str) -> None:
+    """NUL characters fit no command line, path or database text column: refuse them by name."""
+    if isinstance(value, str) and "\x00" in value:
+        raise SpecError(where, "contains a NUL character")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _no_nul(k, where)
+            _no_nul(v, f"{where}.{k}" if where != "spec" else str(k))
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _no_nul(item, where)
+
+
 def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
     if not isinstance(data, Mapping):
         raise SpecError("spec", f"expected a mapping of fields, got {type(data).__name__}")
+    _no_nul(data, "spec")
     _no_unknown(data, _TOP_FIELDS, prefix="")
     for key in _REQUIRED:
         if data.get(key) in (None, "", {}, []):

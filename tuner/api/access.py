@@ -16,6 +16,8 @@ from __future__ import annotations
 from tuner.api.auth import UserHandler
 from tuner.api.base import parse_id
 from tuner.db import Sweep
+from tuner.errors import NotFound
+from tuner.registry import MODEL_NAME
 
 
 class SweepRoute(UserHandler):
@@ -42,6 +44,8 @@ class ModelRoute(UserHandler):
     async def prepare(self) -> None:
         await super().prepare()
         name = self.path_args[0]
+        if not MODEL_NAME.match(name):
+            raise NotFound(f"model {name[:60]} not found")
         owner = None if self.actor.admin else self.actor.name
         self.versions = self.ctx.registry.versions(name, owner=owner)
         self.model = name
