@@ -81,10 +81,11 @@ def world(platform: Platform, tmp_path: Path) -> Iterator[dict[str, Any]]:
     admin_token = login_token(platform.url, "admin", platform.password)
     hub = httpx.Client(base_url=platform.url + "hub/api/", timeout=60,
                        headers={"Authorization": f"token {admin_token}"})
-    r = hub.post("users", json={"usernames": ["alice", "bob", "boss"]})
+    r = hub.post("users", json={"usernames": ["alice", "bob", "boss", "carol"]})
     assert r.status_code == 201, r.text
-    r = hub.post("groups/tuner-admins/users", json={"users": ["boss"]})
-    assert r.status_code == 200, r.text
+    for group, user in (("tuner-admins", "boss"), ("tuner-priority", "carol")):
+        r = hub.post(f"groups/{group}/users", json={"users": [user]})
+        assert r.status_code == 200, r.text
 
     def token(user: str, scopes: list[str] | None = None) -> str:
         body: dict[str, Any] = {"note": "trust test"}
@@ -171,6 +172,7 @@ def world(platform: Platform, tmp_path: Path) -> Iterator[dict[str, Any]]:
             "no-scopes": Caller(platform.url, {
                 "Authorization": f"token {token('alice', ['read:users:name!user=alice'])}"}),
             "trial": Caller(platform.url, {"Authorization": f"token {trial_token}"}),
+            "carol": Caller(platform.url, {"Authorization": f"token {token('carol')}"}),
         }
         yield {"sweeps": sweeps, "callers": callers, "gates": gates, "code": code,
                "trial_token": trial_token, "trial_id": int(trial_id), "controller": controller,
@@ -304,7 +306,9 @@ def test_every_route_every_state_every_caller(world: dict[str, Any]) -> None:
              == "cancelled", timeout=60, what="the cancelling sweep to be cancelled")
 
 
-def test_model_names_are_one_namespace_that_names_no_owner(world: dict[str, Any]) -> None:
+def test_model_names_code_paths_and_priority(world: dict[str, Any]) -> None:
+    """Model names are one namespace that names no owner; code comes only from the caller's
+    part of the data store; priority: high only for the hub group (and admins)."""
     callers, code = world["callers"], world["code"]
     bob = callers["other"]
     # bob cannot tell alice's model from one that does not exist ...
@@ -321,3 +325,20 @@ def test_model_names_are_one_namespace_that_names_no_owner(world: dict[str, Any]
         r = bob("POST", "sweeps", json={"spec": spec(where, "mine", "python quick.py")})
         assert r.status_code == 400 and r.json()["field"] == "code", r.text
     assert bob("GET", "sweeps").json() == []
+
+    # priority: high: refused for bob with the rule, accepted for carol (hub group).
+    quick = spec(code, "urgent", "python quick.py", priority="high")
+    r = bob("POST", "sweeps", json={"spec": quick})
+    assert r.status_code == 403 and "priority: high is for tuner admins and members of the " \
+        "hub group" in r.json()["error"], r.text
+    assert bob("GET", "sweeps").json() == []
+    carols = world["platform"].data / "users" / "carol" / "p"
+    carols.mkdir(parents=True)
+    (carols / "quick.py").write_text(QUICK)
+    r = world["callers"]["carol"]("POST", "sweeps", json={"spec": spec(
+        carols, "urgent", "python quick.py", priority="high")})
+    assert r.status_code == 201 and r.json()["spec"]["priority"] == "high", r.text
+    # A spec's env cannot place itself on GPUs.
+    r = world["callers"]["carol"]("POST", "sweeps", json={"spec": spec(
+        carols, "sneaky", "python quick.py", env={"CUDA_VISIBLE_DEVICES": "0"})})
+    assert r.status_code == 400 and r.json()["field"] == "env.CUDA_VISIBLE_DEVICES", r.text

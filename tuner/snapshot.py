@@ -200,11 +200,11 @@ def _drop_escaping_links(target: Path, source: Path) -> list[str]:
         if os.path.isabs(link) and _inside(Path(link), src):
             path.unlink()
             path.symlink_to(os.path.relpath(root / Path(link).relative_to(src), path.parent))
-    dropped: list[str] = []
-    for path in links:
-        if not _inside(Path(os.path.realpath(path)), root):
-            path.unlink()
-            dropped.append(str(path.relative_to(target)))
+    # Decide for every link before removing any: a link to a link that leaves is left out too.
+    escaping = [p for p in links if not _inside(Path(os.path.realpath(p)), root)]
+    for path in escaping:
+        path.unlink()
+    dropped = [str(p.relative_to(target)) for p in escaping]
     if dropped:
         log.info("snapshot of %s: left out links pointing outside it: %s", source, dropped)
     return dropped
