@@ -127,12 +127,23 @@ class SweepStore:
                     f"{code} holds {size // 2**20} MiB; keep data in the data store "
                     f"({self.settings.data}) and code under {CODE_SNAPSHOT_LIMIT // 2**20} MiB",
                 )
-        # The study first: Optuna writes through its own connection, which must not wait
-        # on a transaction of ours (SQLite has one writer).
-        study_name = f"tunehub-{uuid.uuid4().hex}"
-        create_study(spec, study_name, self.db.url)
+        # The snapshot is copied into a staging directory before any transaction: copying
+        # can take seconds, and an open write transaction would hold SQLite's one write lock
+        # (trial reports, heartbeats) that long. Then the study: Optuna writes through its own
+        # connection, which must not wait on a transaction of ours. Then our row, and the
+        # staged snapshot renamed into the sweep's directory (instant).
+        self.settings.sweeps_dir.mkdir(parents=True, exist_ok=True)
+        staging = self.settings.sweeps_dir / f".incoming-{uuid.uuid4().hex}"
         target: Path | None = None
+        study_name: str | None = None
         try:
+            try:  # a backend running trials as their owner copies with the owner's rights
+                backend.snapshot_code(code, staging / "code", ignore, files or {}, actor.name)
+            except PermissionError as exc:
+                raise SpecError("code", f"{code}: cannot be read by {actor.name} "
+                                f"({exc})") from None
+            study_name = f"tunehub-{uuid.uuid4().hex}"
+            create_study(spec, study_name, self.db.url)
             with self.db.session() as s:
                 sweep = Sweep(
                     name=spec.name,
@@ -145,17 +156,19 @@ class SweepStore:
                 s.add(sweep)
                 s.flush()
                 target = sweep_dir(self.settings, sweep.id)
-                try:
-                    backend.snapshot_code(code, target / "code", ignore, files or {},
-                                          actor.name)
-                except PermissionError as exc:
-                    raise SpecError("code", f"{code}: cannot be read by {actor.name} "
-                                    f"({exc})") from None
+                if target.exists():  # left by a submission that died half-way
+                    shutil.rmtree(target)
+                staging.rename(target)
                 sweep.code_dir = str(target / "code")
         except BaseException:
-            if target is not None:
-                shutil.rmtree(target, ignore_errors=True)
-            optuna.delete_study(study_name=study_name, storage=storage_for(self.db.url))
+            for path in (staging, target):
+                if path is not None:
+                    shutil.rmtree(path, ignore_errors=True)
+            if study_name is not None:
+                try:
+                    optuna.delete_study(study_name=study_name, storage=storage_for(self.db.url))
+                except KeyError:  # the study was never created
+                    pass
             raise
         return sweep
 
