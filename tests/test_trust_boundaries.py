@@ -17,6 +17,7 @@ have cancelled it), the cancelling one is still cancelling, the model keeps its 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -176,7 +177,7 @@ def world(platform: Platform, tmp_path: Path) -> Iterator[dict[str, Any]]:
         }
         yield {"sweeps": sweeps, "callers": callers, "gates": gates, "code": code,
                "trial_token": trial_token, "trial_id": int(trial_id), "controller": controller,
-               "platform": platform}
+               "platform": platform, "store": store}
     finally:
         for state in STATES:
             (gates / state).touch()
@@ -279,6 +280,25 @@ def test_every_route_every_state_every_caller(world: dict[str, Any]) -> None:
     r = admin("POST", "models/alice-model/versions/1/promote", json={"stage": "production"})
     assert r.status_code == 200 and r.json()["stage"] == "production", r.text
 
+    # Trial tokens: stored only as a hash; valid for their own trial only.
+    from tuner.db import Trial
+    from tuner.sweeps import Actor
+
+    store, trial_token = world["store"], world["trial_token"]
+    with store.db.session() as s:
+        row = s.get(Trial, world["trial_id"])
+        assert row is not None and row.token_hash == hashlib.sha256(
+            trial_token.encode()).hexdigest()
+    r = owner("POST", f"sweeps/{sweeps['queued']}/resume")  # a second trial in the service
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    wait_for(lambda: owner("GET", f"sweeps/{sweeps['queued']}/trials").json()[0]["state"]
+             == "running", timeout=120, what="the resumed sweep's trial to run")
+    other_trial = store.trial(sweeps["queued"], 0, Actor("admin", admin=True)).id
+    report = httpx.post(
+        f"{world['platform'].url}{API}trials/{other_trial}/report",
+        headers={"Authorization": f"Bearer {trial_token}"}, json={"value": 1.0}, timeout=30)
+    assert report.status_code == 401, report.text
+
     # The running sweep's controller was never told to stop: opened, it completes.
     (world["gates"] / "running").touch()
     done = wait_for(lambda: (v := owner("GET", f"sweeps/{sweeps['running']}").json())
@@ -292,9 +312,7 @@ def test_every_route_every_state_every_caller(world: dict[str, Any]) -> None:
         timeout=30)
     assert report.status_code == 404, report.text
 
-    # The queued sweep: the owner resumes it, the service runs it.
-    r = owner("POST", f"sweeps/{sweeps['queued']}/resume")
-    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    # The resumed (once queued) sweep: its owner cancels it.
     r = owner("POST", f"sweeps/{sweeps['queued']}/cancel")
     assert r.status_code == 200 and r.json()["state"] in ("cancelling", "cancelled"), r.text
     wait_for(lambda: owner("GET", f"sweeps/{sweeps['queued']}").json()["state"] == "cancelled",

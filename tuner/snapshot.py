@@ -55,10 +55,10 @@ def _inside(path: Path, root: Path) -> bool:
 def check_service_code(code: str, settings: Settings, user: str) -> Path:
     """The resolved directory of a service user's ``code``, or a :class:`SpecError` naming
     ``code`` and where code may live."""
-    where = (
-        f"code may live in the data store ({settings.data}), e.g. your area "
-        f"{users_dir(settings) / user}, outside tunehub's state"
-    )
+    own = users_dir(settings) / user
+    where = f"code may live in the data store ({settings.data})" + (
+        f", e.g. your area {own}" if own.is_dir() else ""
+    ) + ", outside tunehub's state and other users' areas"
     raw = Path(code)
     if not raw.is_absolute():
         raise SpecError("code", f"expected an absolute path, got {code!r}; {where}")

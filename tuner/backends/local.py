@@ -414,7 +414,10 @@ def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
-        pass
+        try:  # a warm trial just forked, not yet the leader of its own group
+            os.kill(pgid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _collect_worker_logs(attempt: _Attempt) -> None:
