@@ -128,6 +128,12 @@ def test_notebook_client_runs_a_function_sweep(
 
     with pytest.raises(SpecError, match="space: is required"):
         tuner.Sweep.submit(name="fn", metric="m", space={}, function=objective)
+    # Code comes only from the data store, whatever the notebook can name.
+    for code in ("/etc", str(tuner_hub.home)):
+        with pytest.raises(SpecError, match="outside the data store") as err:
+            tuner.Sweep.submit(name="cmd", metric="m", command="python x.py", code=code,
+                               space={"x": {"type": "float", "low": 0.0, "high": 1.0}})
+        assert err.value.field == "code"
 
     # A sweep whose trials keep failing stops early; watch() ends with why.
     def broken(params: dict) -> float:
