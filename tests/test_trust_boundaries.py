@@ -103,6 +103,7 @@ def world(platform: Platform, tmp_path: Path) -> Iterator[dict[str, Any]]:
     (code / "failing.py").write_text(FAILING)
     gates = platform.data / "gates"
     gates.mkdir()
+    gates.chmod(0o777)  # trials may run as their owner's system user (tunehub up as root)
     alice = Caller(platform.url, {"Authorization": f"token {token('alice')}"})
 
     def submit(body: dict[str, Any]) -> int:
