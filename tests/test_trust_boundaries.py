@@ -116,6 +116,9 @@ def world(platform: Platform, tmp_path: Path) -> Iterator[dict[str, Any]]:
 
     def trial_running(sid: int) -> bool:
         trials = alice("GET", f"sweeps/{sid}/trials").json()
+        if trials and trials[0]["state"] in ("failed", "cancelled", "completed"):
+            raise AssertionError(f"sweep {sid}'s trial ended: {trials[0]}\n"
+                                 + alice("GET", f"sweeps/{sid}/trials/0/logs").text[-2000:])
         return bool(trials) and trials[0]["state"] == "running"
 
     sweeps: dict[str, int] = {}
@@ -130,7 +133,7 @@ def world(platform: Platform, tmp_path: Path) -> Iterator[dict[str, Any]]:
     # cancelled: really running, then cancelled by alice.
     sweeps["cancelled"] = submit(spec(code, "stopped", "python gated.py",
                                       env={"GATE": str(gates / "cancelled")}))
-    wait_for(lambda: trial_running(sweeps["cancelled"]), timeout=120, what="a trial to run")
+    wait_for(lambda: trial_running(sweeps["cancelled"]), timeout=300, what="a trial to run")
     assert alice("POST", f"sweeps/{sweeps['cancelled']}/cancel").status_code == 200
     # queued and cancelling: submitted as the CLI does (no controller yet).
     from tuner.backends import make_backend
@@ -155,15 +158,15 @@ def world(platform: Platform, tmp_path: Path) -> Iterator[dict[str, Any]]:
          "--wait", "--quiet"], env=cli_env, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: trial_running(sweeps["cancelling"]), timeout=120,
+        wait_for(lambda: trial_running(sweeps["cancelling"]), timeout=300,
                  what="the CLI controller's trial to run")
         os.kill(controller.pid, signal.SIGSTOP)
         assert alice("POST", f"sweeps/{sweeps['cancelling']}/cancel").json()["state"] == \
             "cancelling"
-        wait_for(lambda: trial_running(sweeps["running"]), timeout=120,
+        wait_for(lambda: trial_running(sweeps["running"]), timeout=300,
                  what="the service's trial to run")
         for state in ("completed", "failed", "cancelled"):
-            wait_for(lambda s=state: state_of(sweeps[s]) == s, timeout=120,
+            wait_for(lambda s=state: state_of(sweeps[s]) == s, timeout=300,
                      what=f"the {state} sweep")
         trial_token, trial_id = token_file.read_text().split()
         callers = {
