@@ -619,10 +619,7 @@ def _resources(raw: Any) -> Resources:
         raise SpecError("resources.gpu_type", f"expected a GPU type name, got {gpu_type!r}")
     if gpu_type is not None and gpu == 0:
         raise SpecError("resources.gpu_type", "is set but resources.gpu is 0")
-    workers = raw.get("workers", 1)
-    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 1000:
-        raise SpecError("resources.workers",
-                        f"expected an integer from 1 to 1000, got {workers!r:.60}")
+    workers = _int(raw, "workers", 1, minimum=1, prefix="resources.", maximum=1000)
     return Resources(cpu=cpu, memory=memory, gpu=gpu, gpu_type=gpu_type, workers=workers)
 
 
