@@ -57,7 +57,7 @@ if opts.mode == "kubernetes":
     # Another authenticator: its admins, not accounts left from earlier local logins.
     local = kube_logins.uses_local_accounts(values)
     admins = [*(admins if local else []), *kube_logins.configured_admins(values)]
-scopes.configure(c, tuner_service.SERVICE_NAME, admins)
+scopes.configure(c, tuner_service.SERVICE_NAME, admins, opts.high_priority_group)
 
 # --- notebook servers ------------------------------------------------------------------------
 notebook.configure(

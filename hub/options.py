@@ -85,6 +85,13 @@ class TunehubHub(Configurable):
         "(TUNEHUB_ACTIVITY_INTERVAL, default 120): how stale the culler's view can be.",
     ).tag(config=True)
 
+    high_priority_group = Unicode(
+        help="Hub group whose members may submit sweeps with priority: high "
+        "(TUNEHUB_HIGH_PRIORITY_GROUP, default 'tuner-priority'). Tuner admins may too; "
+        "anyone else gets 403 naming this rule. The hub creates the group; add members in "
+        "the admin page or with the hub's API.",
+    ).tag(config=True)
+
     tuner_command = List(
         Unicode(),
         help="Command that runs the tuner service (TUNEHUB_TUNER_COMMAND, split like a shell "
@@ -95,6 +102,10 @@ class TunehubHub(Configurable):
     def _tuner_command(self) -> list[str]:
         raw = os.environ.get("TUNEHUB_TUNER_COMMAND")
         return shlex.split(raw) if raw else [sys.executable, "-m", "tuner.service"]
+
+    @default("high_priority_group")
+    def _high_priority_group(self) -> str:
+        return os.environ.get("TUNEHUB_HIGH_PRIORITY_GROUP") or "tuner-priority"
 
     @default("mode")
     def _mode(self) -> str:

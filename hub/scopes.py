@@ -7,6 +7,9 @@ The tuner service only *checks* scopes (``tuner.api.auth``); the hub grants them
 - tuner admins: also ``custom:tuner:admin`` (everyone's sweeps and models): the admin accounts
   (JupyterHub does not let a config extend its built-in ``admin`` role) and members of the hub
   group ``tuner-admins``;
+- ``custom:tuner:priority-high`` (submit ``priority: high`` sweeps): members of the hub group
+  named by ``c.TunehubHub.high_priority_group`` (default ``tuner-priority``); tuner admins may
+  anyway;
 - a notebook server's ``JUPYTERHUB_API_TOKEN``: the tuner scopes of its owner, so
   ``tuner.Sweep.submit(...)`` works from a cell without asking for a token. The hub gives a token
   only the scopes its owner holds, so listing the admin scope here is safe.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.api.auth import ADMIN, READ, SCOPES, SUBMIT
+from tuner.api.auth import ADMIN, HIGH_PRIORITY, READ, SCOPES, SUBMIT
 
 
 def access_scope(service_name: str) -> str:
@@ -36,6 +39,7 @@ def server_token_scopes(service_name: str) -> list[str]:
         READ,
         SUBMIT,
         ADMIN,
+        HIGH_PRIORITY,
         access_scope(service_name),
     ]
 
@@ -54,11 +58,28 @@ def admin_role(admins: list[str]) -> dict[str, Any]:
     }
 
 
-def configure(c: Any, service_name: str, admins: list[str]) -> None:
+def high_priority_role(group: str) -> dict[str, Any]:
+    """``priority: high`` sweeps for the members of ``group``."""
+    return {
+        "name": "tuner-priority-high",
+        "description": f"Submit priority: high sweeps (members of the group {group})",
+        "scopes": [HIGH_PRIORITY],
+        "groups": [group],
+    }
+
+
+def configure(
+    c: Any, service_name: str, admins: list[str], high_priority_group: str = "tuner-priority"
+) -> None:
     c.JupyterHub.custom_scopes = {
         name: {"description": text} for name, text in SCOPES.items()
     }
     c.JupyterHub.extra_user_scopes = user_scopes(service_name)
-    c.JupyterHub.load_groups = {**c.JupyterHub.get("load_groups", {}), ADMIN_GROUP: {}}
-    c.JupyterHub.load_roles = [*c.JupyterHub.get("load_roles", []), admin_role(admins)]
+    groups = {ADMIN_GROUP: {}, high_priority_group: {}}
+    c.JupyterHub.load_groups = {**groups, **c.JupyterHub.get("load_groups", {})}
+    c.JupyterHub.load_roles = [
+        *c.JupyterHub.get("load_roles", []),
+        admin_role(admins),
+        high_priority_role(high_priority_group),
+    ]
     c.Spawner.server_token_scopes = server_token_scopes(service_name)

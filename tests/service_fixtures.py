@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class TunerHub:
     env: dict[str, str]
     process: subprocess.Popen[bytes]
     log: Path
+    data: Path  # the data store (TUNEHUB_DATA): where the service takes code from
     tokens: dict[str, str] = field(default_factory=dict)
 
     def token(self, user: str, scopes: list[str]) -> str:
@@ -96,6 +98,16 @@ c.JupyterHub.services = [
 
 @pytest.fixture
 def tuner_hub(tmp_path: Path, db_url: str) -> Iterator[TunerHub]:
+    with running_tuner_hub(tmp_path, db_url) as hub:
+        yield hub
+
+
+@contextmanager
+def running_tuner_hub(
+    tmp_path: Path, db_url: str, extra_env: dict[str, str] | None = None
+) -> Iterator[TunerHub]:
+    """The hub and its tuner service; ``extra_env`` goes to the service (e.g. the Kubernetes
+    backend's settings)."""
     from tuner.api.auth import SCOPES
 
     home = tmp_path / "hub"
@@ -104,10 +116,12 @@ def tuner_hub(tmp_path: Path, db_url: str) -> Iterator[TunerHub]:
     admin_token = secrets.token_hex(16)
     environment = {
         "TUNEHUB_HOME": str(tmp_path / "tunehub"),
+        "TUNEHUB_DATA": str(tmp_path / "data"),
         "TUNEHUB_DB_URL": db_url,
         "TUNEHUB_LOCAL_GPUS": "",
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "PATH": os.environ["PATH"],
+        **(extra_env or {}),
     }
     (home / "jupyterhub_config.py").write_text(
         textwrap.dedent(
@@ -127,7 +141,8 @@ def tuner_hub(tmp_path: Path, db_url: str) -> Iterator[TunerHub]:
             cwd=home, stdout=fh, stderr=subprocess.STDOUT, env=env,
         )
     url = f"http://127.0.0.1:{port}/"
-    hub = TunerHub(url, f"{url}services/tuner/api/v1/", admin_token, home, environment, proc, log)
+    hub = TunerHub(url, f"{url}services/tuner/api/v1/", admin_token, home, environment, proc, log,
+                   Path(environment["TUNEHUB_DATA"]))
 
     def ready() -> bool:
         if proc.poll() is not None:

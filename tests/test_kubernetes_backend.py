@@ -95,10 +95,15 @@ def test_job_manifest_is_valid_and_locked_down(tmp_path: Path) -> None:
     assert env[ENV_TOKEN]["valueFrom"]["secretKeyRef"] == {
         "name": "tunehub-s3-t7-a1-token", "key": "token"}
     assert "s3cret" not in json.dumps(job)
-    mounts = ctr["volumeMounts"]
-    assert mounts[0] == {"name": "data", "mountPath": str(tmp_path), "readOnly": True}
-    assert mounts[1]["mountPath"] == str(tmp_path / ".tunehub/sweeps/3/trials/7")
-    assert mounts[1]["subPath"] == ".tunehub/sweeps/3/trials/7" and not mounts[1].get("readOnly")
+    # Only the shared datasets (read-only) and its own sweep: not the whole volume, which
+    # holds tunehub's home (everyone's sweeps), the registry and other users' areas.
+    assert ctr["volumeMounts"] == [
+        {"name": "data", "mountPath": str(tmp_path / "datasets"), "subPath": "datasets",
+         "readOnly": True},
+        {"name": "data", "mountPath": str(tmp_path / ".tunehub/sweeps/3"),
+         "subPath": ".tunehub/sweeps/3"},
+    ]
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "none"  # a CPU trial sees no GPU
     assert pod["volumes"] == [{"name": "data", "persistentVolumeClaim": {
         "claimName": "tunehub-data"}}]
     assert "tolerations" not in pod and "nodeSelector" not in pod and "affinity" not in pod
@@ -112,6 +117,9 @@ def test_gpu_type_selects_nodes_and_tolerates_the_gpu_taint(tmp_path: Path) -> N
     assert pod["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    # The device plugin decides which GPUs it sees; tunehub does not hide them.
+    names = {e["name"] for e in pod["containers"][0]["env"]}
+    assert not names & {"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"}
 
 
 @pytest.mark.parametrize(("priority", "preferred"), [

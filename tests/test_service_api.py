@@ -23,10 +23,11 @@ for step in range(1, 3):
 READ_SUBMIT = ["custom:tuner:read", "custom:tuner:submit", "access:services!service=tuner"]
 
 
-def _spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+def _spec(data: Path, **changes: Any) -> dict[str, Any]:
+    """A sweep whose code lies in the data store, where the service takes code from."""
     import yaml
 
-    path = write_sweep(tmp_path / "code", SCRIPT, trials=3, parallelism=2, **changes)
+    path = write_sweep(data / "code", SCRIPT, trials=3, parallelism=2, **changes)
     spec = yaml.safe_load(path.read_text())
     spec["code"] = str(path.parent)
     return spec
@@ -45,7 +46,7 @@ def test_users_see_and_change_only_their_own_sweeps(tuner_hub: TunerHub, tmp_pat
     bob = tuner_hub.client(tuner_hub.token("bob", READ_SUBMIT))
     boss = tuner_hub.client(tuner_hub.token("boss", READ_SUBMIT + ["custom:tuner:admin"]))
 
-    r = alice.post("sweeps", json={"spec": _spec(tmp_path)})
+    r = alice.post("sweeps", json={"spec": _spec(tuner_hub.data)})
     assert r.status_code == 201, r.text
     sweep = r.json()
     assert sweep["owner"] == "alice"
@@ -74,7 +75,7 @@ def test_scopes_and_bad_requests(tuner_hub: TunerHub, tmp_path: Path) -> None:
     reader = tuner_hub.client(
         tuner_hub.token("carol", ["custom:tuner:read", "access:services!service=tuner"])
     )
-    r = reader.post("sweeps", json={"spec": _spec(tmp_path)})
+    r = reader.post("sweeps", json={"spec": _spec(tuner_hub.data)})
     assert r.status_code == 403
     assert r.json()["error"] == "this token lacks the scope custom:tuner:submit"
     assert reader.get("sweeps").status_code == 200
@@ -83,14 +84,15 @@ def test_scopes_and_bad_requests(tuner_hub: TunerHub, tmp_path: Path) -> None:
     assert anonymous.status_code == 401 and "error" in anonymous.json()
 
     writer = tuner_hub.client(tuner_hub.token("carol", READ_SUBMIT))
-    bad = _spec(tmp_path)
+    bad = _spec(tuner_hub.data)
     bad["space"]["x"]["low"] = 5
     r = writer.post("sweeps", json={"spec": bad})
     assert r.status_code == 400
     assert r.json()["field"] == "space.x.low"
     assert writer.post("sweeps", content=b"{nope").status_code == 400
-    assert writer.post("sweeps", json={"spec": _spec(tmp_path), "colour": 1}).status_code == 400
-    r = writer.post("sweeps", json={"spec": _spec(tmp_path, resources={"gpu": 2})})
+    r = writer.post("sweeps", json={"spec": _spec(tuner_hub.data), "colour": 1})
+    assert r.status_code == 400
+    r = writer.post("sweeps", json={"spec": _spec(tuner_hub.data, resources={"gpu": 2})})
     assert r.status_code == 400 and r.json()["field"] == "resources.gpu"
     assert writer.get("sweeps/999999").status_code == 404
     assert writer.get("sweeps").json() == []  # nothing stored by the refused requests
@@ -126,6 +128,12 @@ def test_notebook_client_runs_a_function_sweep(
 
     with pytest.raises(SpecError, match="space: is required"):
         tuner.Sweep.submit(name="fn", metric="m", space={}, function=objective)
+    # Code comes only from the data store, whatever the notebook can name.
+    for code in ("/etc", str(tuner_hub.home)):
+        with pytest.raises(SpecError, match="outside the data store") as err:
+            tuner.Sweep.submit(name="cmd", metric="m", command="python x.py", code=code,
+                               space={"x": {"type": "float", "low": 0.0, "high": 1.0}})
+        assert err.value.field == "code"
 
     # A sweep whose trials keep failing stops early; watch() ends with why.
     def broken(params: dict) -> float:

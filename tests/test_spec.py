@@ -139,3 +139,28 @@ def test_code_directory_defaults_to_the_spec_file_directory(tmp_path: Path) -> N
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(BASE))
     assert SweepSpec.from_yaml(path).code == str(tmp_path)
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"seed": 10**23}, "seed"),
+    ({"seed": -5}, "seed"),
+    ({"trials": 10**23}, "trials"),
+    ({"parallelism": 10**6}, "parallelism"),
+    ({"max_retries": 10**23}, "max_retries"),
+    ({"trial_timeout": 1e300}, "trial_timeout"),
+    ({"trial_timeout": 10**400}, "trial_timeout"),
+    ({"resources": {"cpu": 1e300}}, "resources.cpu"),
+    ({"resources": {"workers": 10**23}}, "resources.workers"),
+    ({"pruner": {"type": "median", "n_startup_trials": 1e300}}, "pruner.n_startup_trials"),
+    ({"space": {"x": {"type": "int", "low": 0, "high": 10**26}}}, "space.x.high"),
+    ({"space": {"x": {"type": "float", "low": -1e308, "high": 1e308}}}, "space.x.low"),
+    ({"space": {"x": {"type": "float", "low": 0, "high": 10**400}}}, "space.x.high"),
+])
+def test_out_of_range_numbers_are_refused_by_name(extra: dict, field: str) -> None:
+    """Numbers beyond what the database, the samplers and timers hold are a 400, not a crash
+    of the controller later (a seed of -5 was a 500, a float range of ±1e308 killed it)."""
+    base = {"name": "s", "command": "python x.py", "metric": "m",
+            "space": {"x": {"type": "float", "low": 0, "high": 1}}}
+    with pytest.raises(SpecError) as err:
+        SweepSpec.from_dict({**base, **extra})
+    assert err.value.field == field

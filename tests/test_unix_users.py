@@ -177,7 +177,7 @@ def test_people_are_separated_by_the_os_and_their_sweeps_still_work(
     cookie = str(platform.home / "hub" / "jupyterhub_cookie_secret")
     alice_sweep = run_cell(platform, "alice", tokens["alice"], f"""
         import json, os, pathlib, tuner
-        code = pathlib.Path(os.path.expanduser("~/quad"))
+        code = pathlib.Path(os.path.expanduser("~/data/alice-quad"))  # the data store
         code.mkdir(exist_ok=True)
         (code / "train.py").write_text({TRAIN!r})
         sweep = tuner.Sweep.submit(name="as-alice", code=str(code), command="python train.py",

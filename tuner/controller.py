@@ -28,7 +28,7 @@ from sqlalchemy import select
 from tuner import metrics
 from tuner.backends._base import COLD, Backend, TrialEvent, TrialLaunch
 from tuner.db import TRIAL_FINISHED, Database, Sweep, Trial, TrialReport, utcnow
-from tuner.errors import Conflict, NotFound, Unauthorized
+from tuner.errors import Conflict, NotFound, TunehubError, Unauthorized
 from tuner.settings import Settings
 from tuner.spec import SweepSpec
 from tuner.study import complete_params, load_study, optuna_state, our_state
@@ -449,6 +449,7 @@ class SweepController:
                     row = s.get(Trial, rt.trial_id)
                     assert row is not None
                     row.state, row.reason = "pending", reason
+                    row.token_hash = None
                 self.relaunch.append(rt.trial_id)
             else:
                 self._finish_trial(rt, "failed", None, reason)
@@ -506,6 +507,7 @@ class SweepController:
             assert row is not None and sweep is not None
             row.state, row.reason, row.finished_at = state, reason, utcnow()
             row.has_model = has_model
+            row.token_hash = None  # the attempt's token dies with it
             if value is not None:
                 row.value = value
             if state == "completed":
@@ -728,8 +730,16 @@ class SweepController:
             return
         registry = self.engine.registry or Registry(
             self.db, self.engine.settings.registry, self.engine.settings.serving_root)
-        version = registry.register(
-            model=self.spec.promote.model,
+        try:
+            version = self._register(registry, best, self.spec.promote.model)
+        except TunehubError as exc:  # e.g. the model name was taken while the sweep ran
+            self._note(f"model not registered: {exc}")
+            return
+        self._promote(registry, version, self.spec.promote.policy)
+
+    def _register(self, registry: Any, best: Trial, model: str) -> Any:
+        return registry.register(
+            model=model,
             source_dir=Path(best.artifact_dir or "") / "model",
             owner=self.owner,
             metric=self.spec.metric,
@@ -741,7 +751,9 @@ class SweepController:
             code_location=str(self.code_dir) if self.code_dir else None,
             data_path=str(self.engine.settings.data),
         )
-        promoted, why = registry.apply_policy(version, self.spec.promote.policy)
+
+    def _promote(self, registry: Any, version: Any, policy: str) -> None:
+        promoted, why = registry.apply_policy(version, policy)
         with self.db.session() as s:
             sweep = s.get(Sweep, self.sweep_id)
             assert sweep is not None

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 STAGES = ("production", "canary")
 POLICIES = ("if-better", "always", "never")
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
+MODEL_NAME = _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 
 
 class RegistryError(TunehubError):
@@ -263,7 +263,7 @@ class Registry:
                 select(ModelVersion.owner).where(ModelVersion.model == model).limit(1)
             )
         if existing is not None and existing != owner and not is_admin:
-            raise Forbidden(f"model {model} belongs to {existing}; choose another name")
+            raise Forbidden(f"the model name {model} is taken by another user; choose another")
 
     @staticmethod
     def _model_must_exist(s: Any, model: str, actor: str, is_admin: bool) -> None:

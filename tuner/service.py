@@ -65,7 +65,8 @@ async def serve() -> None:
     from tuner.registry import Registry
 
     settings = load_settings().ensure_dirs()
-    db = Database(settings.db_url)
+    # Migrations can take a while on a big database: never on the event loop.
+    db = await asyncio.to_thread(Database, settings.db_url)
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     host, port = url.hostname or "127.0.0.1", url.port or 10101
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tuner/")

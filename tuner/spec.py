@@ -40,6 +40,26 @@ PRUNER_OPTIONS: dict[str, tuple[str, ...]] = {
 # trials have reported there (see tuner.pruning).
 OUR_PRUNER_OPTIONS = ("min_trials",)
 
+# Variables the platform sets on trials (GPU placement, multi-worker layout, tunehub's and the
+# hub's own settings and tokens): a spec's ``env`` may not set them, or a trial could grant
+# itself GPUs it did not ask for, or pose as another trial.
+PLATFORM_ENV = frozenset({
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_REQUIRE_CUDA", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+    "TF_CONFIG", "JOB_COMPLETION_INDEX", "HOME", "PYTHONUNBUFFERED",
+})
+PLATFORM_ENV_PREFIXES = ("TUNEHUB_", "JUPYTERHUB_", "JPY_", "KUBERNETES_")
+
+# Upper bounds: what the database's 32-bit columns, the samplers' arithmetic and the event
+# loop's timers can hold. Beyond them a value is a typo, refused by name, never a server error.
+MAX_INT = 2**31 - 1
+MAX_PARALLELISM = 10_000
+MAX_RETRIES = 1_000
+MAX_SEED = 2**32 - 1
+MAX_PARAM = 2.0**53  # exact in a float; a range must also have a finite width
+MAX_TIMEOUT = 366 * 24 * 3600.0
+MAX_CPU = 10_000.0
+
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 _ENV_ASSIGNMENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
@@ -225,7 +245,8 @@ class SweepSpec:
             elif isinstance(p, IntParam):
                 grid[name] = list(range(p.low, p.high + 1, p.step))
             else:
-                assert p.step is not None
+                if p.step is None:
+                    raise SpecError(f"space.{name}", "the grid sampler needs a step")
                 n = int(math.floor((p.high - p.low) / p.step + 1e-9))
                 grid[name] = [round(p.low + i * p.step, 12) for i in range(n + 1)]
         return grid
@@ -238,7 +259,7 @@ def parse_duration(value: Any, field_name: str = "trial_timeout") -> float | Non
     if isinstance(value, bool):
         raise SpecError(field_name, f"expected a duration like 30m, 90s or 2h, got {value!r}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        seconds = value if isinstance(value, float) else min(value, 2 * int(MAX_TIMEOUT))
     elif isinstance(value, str) and value.strip():
         text = value.strip()
         if re.fullmatch(r"\d+(\.\d+)?", text):
@@ -253,9 +274,10 @@ def parse_duration(value: Any, field_name: str = "trial_timeout") -> float | Non
             seconds = h * 3600 + mi * 60 + s
     else:
         raise SpecError(field_name, f"expected a duration like 30m, 90s or 2h, got {value!r}")
-    if seconds <= 0:
-        raise SpecError(field_name, f"must be positive, got {value!r}")
-    return seconds
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise SpecError(field_name, f"expected a positive duration of at most 366 days, got "
+                                    f"{value!r:.60}")
+    return float(seconds)
 
 
 # --- parsing ---------------------------------------------------------------------------------
@@ -268,9 +290,23 @@ _TOP_FIELDS = {
 _REQUIRED = ("name", "command", "metric", "space")
 
 
+def _no_nul(value: Any, where: str) -> None:
+    """NUL characters fit no command line, path or database text column: refuse them by name."""
+    if isinstance(value, str) and "\x00" in value:
+        raise SpecError(where, "contains a NUL character")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _no_nul(k, where)
+            _no_nul(v, f"{where}.{k}" if where != "spec" else str(k))
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _no_nul(item, where)
+
+
 def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
     if not isinstance(data, Mapping):
         raise SpecError("spec", f"expected a mapping of fields, got {type(data).__name__}")
+    _no_nul(data, "spec")
     _no_unknown(data, _TOP_FIELDS, prefix="")
     for key in _REQUIRED:
         if data.get(key) in (None, "", {}, []):
@@ -300,7 +336,7 @@ def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
     metric = _str(data, "metric")
     direction = _choice(data, "direction", DIRECTIONS, "maximize")
     trials = _int(data, "trials", 20, minimum=1)
-    parallelism = _int(data, "parallelism", 1, minimum=1)
+    parallelism = _int(data, "parallelism", 1, minimum=1, maximum=MAX_PARALLELISM)
     sampler = _choice(data, "sampler", SAMPLERS, "tpe")
     pruner = _pruner(data.get("pruner"))
     space = _space(data["space"])
@@ -313,13 +349,14 @@ def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
                     "or use int or categorical",
                 )
     resources = _resources(data.get("resources"))
-    max_retries = _int(data, "max_retries", 0, minimum=0)
+    max_retries = _int(data, "max_retries", 0, minimum=0, maximum=MAX_RETRIES)
     trial_timeout = parse_duration(data.get("trial_timeout"))
     promote = _promote(data.get("promote"))
     priority = _choice(data, "priority", PRIORITIES, "normal")
     seed = data.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise SpecError("seed", f"expected an integer, got {seed!r}")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
+                             or not 0 <= seed <= MAX_SEED):
+        raise SpecError("seed", f"expected an integer from 0 to {MAX_SEED}, got {seed!r:.60}")
     code = data.get("code")
     if code is not None and not isinstance(code, str):
         raise SpecError("code", f"expected a directory path, got {code!r}")
@@ -332,6 +369,8 @@ def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
         isinstance(k, str) and isinstance(v, str | int | float) for k, v in env.items()
     ):
         raise SpecError("env", "expected a mapping of variable names to strings")
+    for key in env:
+        _check_env_name(key)
     preload = _preload(data.get("preload"))
     max_failed = data.get("max_failed_trials")
     if max_failed is not None:
@@ -377,6 +416,18 @@ def _preload(raw: Any) -> str | tuple[str, ...]:
     return tuple(raw)
 
 
+def _check_env_name(key: str) -> None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        raise SpecError(f"env.{key}", "expected a variable name (letters, digits and '_')")
+    upper = key.upper()
+    if upper in PLATFORM_ENV or upper.startswith(PLATFORM_ENV_PREFIXES):
+        raise SpecError(
+            f"env.{key}",
+            "is set by tunehub (GPU placement, TF_CONFIG, tokens and TUNEHUB_*/JUPYTERHUB_* "
+            "settings belong to the platform); ask for GPUs with resources.gpu",
+        )
+
+
 def _no_unknown(data: Mapping[str, Any], allowed: set[str], prefix: str) -> None:
     for key in data:
         if key not in allowed:
@@ -402,22 +453,31 @@ def _choice(data: Mapping[str, Any], key: str, choices: tuple[str, ...], default
 
 
 def _int(
-    data: Mapping[str, Any], key: str, default: int, minimum: int, prefix: str = ""
+    data: Mapping[str, Any], key: str, default: int, minimum: int, prefix: str = "",
+    maximum: int = MAX_INT,
 ) -> int:
     value = data.get(key, default)
     if value is None:
         value = default
     if not isinstance(value, int) or isinstance(value, bool):
-        raise SpecError(prefix + key, f"expected an integer, got {value!r}")
+        raise SpecError(prefix + key, f"expected an integer, got {value!r:.60}")
     if value < minimum:
         raise SpecError(prefix + key, f"must be at least {minimum}, got {value}")
+    if value > maximum:
+        raise SpecError(prefix + key, f"must be at most {maximum}, got {value!r:.60}")
     return value
 
 
 def _number(value: Any, field_name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SpecError(field_name, f"expected a number, got {value!r}")
-    return float(value)
+    number = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)  # a huge int overflows
+        except OverflowError:
+            pass
+    if not math.isfinite(number):
+        raise SpecError(field_name, f"expected a finite number, got {value!r:.60}")
+    return number
 
 
 def _space(raw: Any) -> dict[str, Param]:
@@ -457,6 +517,9 @@ def _range(pdef: Mapping[str, Any], where: str, cast: type) -> tuple[Any, Any, b
             raise SpecError(f"{where}.{key}", "is required")
     low = _number(pdef["low"], f"{where}.low")
     high = _number(pdef["high"], f"{where}.high")
+    for key, v in (("low", low), ("high", high)):
+        if abs(v) > MAX_PARAM:
+            raise SpecError(f"{where}.{key}", f"must be within ±2**53, got {v:g}")
     if cast is int:
         for key, v in (("low", pdef["low"]), ("high", pdef["high"])):
             if not isinstance(v, int):
@@ -525,9 +588,11 @@ def _pruner(raw: Any) -> PrunerSpec:
         if key == "max_resource" and value == "auto":
             continue
         if key == "min_trials" and (isinstance(value, bool) or not isinstance(value, int)
-                                    or value < 1):
-            raise SpecError(f"pruner.{key}", f"expected an integer of at least 1, got {value!r}")
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                                    or not 1 <= value <= MAX_INT):
+            raise SpecError(f"pruner.{key}",
+                            f"expected an integer of at least 1, got {value!r:.60}")
+        if (isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+                or value > MAX_INT):
             raise SpecError(f"pruner.{key}", f"expected a non-negative number, got {value!r}")
     return PrunerSpec(type=ptype, options=options)
 
@@ -539,6 +604,8 @@ def _resources(raw: Any) -> Resources:
         raise SpecError("resources", "expected a mapping (cpu, memory, gpu, gpu_type, workers)")
     _no_unknown(raw, {"cpu", "memory", "gpu", "gpu_type", "workers"}, prefix="resources.")
     cpu = _number(raw.get("cpu", 1), "resources.cpu")
+    if cpu > MAX_CPU:
+        raise SpecError("resources.cpu", f"must be at most {MAX_CPU:g}, got {cpu:g}")
     if cpu <= 0:
         raise SpecError("resources.cpu", f"must be positive, got {cpu:g}")
     memory = str(raw.get("memory", "2Gi"))
@@ -552,9 +619,7 @@ def _resources(raw: Any) -> Resources:
         raise SpecError("resources.gpu_type", f"expected a GPU type name, got {gpu_type!r}")
     if gpu_type is not None and gpu == 0:
         raise SpecError("resources.gpu_type", "is set but resources.gpu is 0")
-    workers = raw.get("workers", 1)
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise SpecError("resources.workers", f"expected an integer of at least 1, got {workers!r}")
+    workers = _int(raw, "workers", 1, minimum=1, prefix="resources.", maximum=1000)
     return Resources(cpu=cpu, memory=memory, gpu=gpu, gpu_type=gpu_type, workers=workers)
 
 

@@ -10,7 +10,6 @@ import os
 import shutil
 import socket
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -19,46 +18,45 @@ import optuna
 from sqlalchemy import func, select
 
 from tuner.backends._base import Backend
-from tuner.db import SWEEP_ACTIVE, Database, Sweep, Trial, TrialReport, utcnow
-from tuner.errors import Conflict, NotFound
+from tuner.db import SWEEP_ACTIVE, Database, ModelVersion, Sweep, Trial, TrialReport, utcnow
+from tuner.errors import Conflict, Forbidden, NotFound
 from tuner.settings import Settings
+from tuner.snapshot import (
+    CODE_SNAPSHOT_LIMIT,
+    check_service_code,
+    snapshot_ignore,
+    tree_size,
+)
 from tuner.spec import SpecError, SweepSpec
 from tuner.study import check_grid_size, check_sampler_available, create_study, storage_for
 
-CODE_SNAPSHOT_LIMIT = 100 * 1024 * 1024
-_SNAPSHOT_IGNORE = shutil.ignore_patterns(
-    ".git", "__pycache__", "*.pyc", ".venv", "venv", "tunehub-artifacts", ".ipynb_checkpoints"
-)
-
-
-def _snapshot_ignore(settings: Settings) -> Callable[[str, list[str]], set[str]]:
-    """What a code snapshot leaves out (a ``shutil.copytree`` ignore): version control, caches,
-    virtualenvs, and tunehub's own state (home, data store, registry) when it lies inside the
-    code directory. Copying the home into a snapshot inside that home would never end."""
-    state = {p.resolve() for p in (settings.home, settings.data, settings.registry)}
-
-    def ignore(directory: str, names: list[str]) -> set[str]:
-        skipped = set(_SNAPSHOT_IGNORE(directory, names))
-        skipped.update(n for n in names if (Path(directory) / n).resolve() in state)
-        return skipped
-
-    return ignore
 HEARTBEAT_STALE = timedelta(seconds=30)
 
 
 @dataclass(frozen=True)
 class Actor:
-    """Who is asking: a user name, and whether they may see everyone's sweeps."""
+    """Who is asking: a user name, whether they may see everyone's sweeps, and whether they
+    may submit ``priority: high`` sweeps (see :data:`HIGH_PRIORITY_RULE`)."""
 
     name: str
     admin: bool = False
+    high_priority: bool = False
+
+
+HIGH_PRIORITY_RULE = (
+    "priority: high is for tuner admins and members of the hub group named by "
+    "c.TunehubHub.high_priority_group (TUNEHUB_HIGH_PRIORITY_GROUP, default "
+    "'tuner-priority'); use normal or low"
+)
 
 
 def local_actor() -> Actor:
     """The person at this machine's terminal: owner of what they run, admin of their home."""
     import getpass
 
-    return Actor(name=os.environ.get("TUNEHUB_USER") or getpass.getuser(), admin=True)
+    return Actor(
+        name=os.environ.get("TUNEHUB_USER") or getpass.getuser(), admin=True, high_priority=True
+    )
 
 
 def sweep_dir(settings: Settings, sweep_id: int) -> Path:
@@ -99,30 +97,53 @@ class SweepStore:
         actor: Actor,
         backend: Backend,
         files: dict[str, bytes] | None = None,
+        confined: bool = False,
     ) -> Sweep:
         """Validate against the backend, snapshot the code (plus ``files``, e.g. a pickled
-        notebook function), create the study. Nothing is left behind when a step refuses."""
+        notebook function), create the study. Nothing is left behind when a step refuses.
+
+        ``confined``: the submitter is a service user, not the person at this machine, so the
+        code must come from their part of the data store (:mod:`tuner.snapshot`) and
+        ``priority: high`` needs the right to it."""
+        if spec.priority == "high" and not actor.high_priority:
+            raise Forbidden(HIGH_PRIORITY_RULE)
+        self._check_model_name(spec, actor)
+        code: Path | None = None
+        if spec.code and confined:
+            code = check_service_code(spec.code, self.settings, actor.name)
+        elif spec.code:
+            code = Path(spec.code)
+            if not code.is_dir():
+                raise SpecError("code", f"{code} is not a directory")
         backend.check(spec)
         check_sampler_available(spec)
         check_grid_size(spec)
-        code = Path(spec.code) if spec.code else None
-        if code is not None and not code.is_dir():
-            raise SpecError("code", f"{code} is not a directory")
-        ignore = _snapshot_ignore(self.settings)
+        ignore = snapshot_ignore(self.settings, actor.name if confined else None)
         if code is not None:
-            size = _tree_size(code, ignore)
+            size = tree_size(code, ignore)
             if size > CODE_SNAPSHOT_LIMIT:
                 raise SpecError(
                     "code",
                     f"{code} holds {size // 2**20} MiB; keep data in the data store "
                     f"({self.settings.data}) and code under {CODE_SNAPSHOT_LIMIT // 2**20} MiB",
                 )
-        # The study first: Optuna writes through its own connection, which must not wait
-        # on a transaction of ours (SQLite has one writer).
-        study_name = f"tunehub-{uuid.uuid4().hex}"
-        create_study(spec, study_name, self.db.url)
+        # The snapshot is copied into a staging directory before any transaction: copying
+        # can take seconds, and an open write transaction would hold SQLite's one write lock
+        # (trial reports, heartbeats) that long. Then the study: Optuna writes through its own
+        # connection, which must not wait on a transaction of ours. Then our row, and the
+        # staged snapshot renamed into the sweep's directory (instant).
+        self.settings.sweeps_dir.mkdir(parents=True, exist_ok=True)
+        staging = self.settings.sweeps_dir / f".incoming-{uuid.uuid4().hex}"
         target: Path | None = None
+        study_name: str | None = None
         try:
+            try:  # a backend running trials as their owner copies with the owner's rights
+                backend.snapshot_code(code, staging / "code", ignore, files or {}, actor.name)
+            except PermissionError as exc:
+                raise SpecError("code", f"{code}: cannot be read by {actor.name} "
+                                f"({exc})") from None
+            study_name = f"tunehub-{uuid.uuid4().hex}"
+            create_study(spec, study_name, self.db.url)
             with self.db.session() as s:
                 sweep = Sweep(
                     name=spec.name,
@@ -135,19 +156,38 @@ class SweepStore:
                 s.add(sweep)
                 s.flush()
                 target = sweep_dir(self.settings, sweep.id)
-                try:
-                    backend.snapshot_code(code, target / "code", ignore, files or {},
-                                          actor.name)
-                except PermissionError as exc:
-                    raise SpecError("code", f"{code}: cannot be read by {actor.name} "
-                                    f"({exc})") from None
+                if target.exists():  # left by a submission that died half-way
+                    shutil.rmtree(target)
+                staging.rename(target)
                 sweep.code_dir = str(target / "code")
         except BaseException:
-            if target is not None:
-                shutil.rmtree(target, ignore_errors=True)
-            optuna.delete_study(study_name=study_name, storage=storage_for(self.db.url))
+            for path in (staging, target):
+                if path is not None:
+                    shutil.rmtree(path, ignore_errors=True)
+            if study_name is not None:
+                try:
+                    optuna.delete_study(study_name=study_name, storage=storage_for(self.db.url))
+                except KeyError:  # the study was never created
+                    pass
             raise
         return sweep
+
+    def _check_model_name(self, spec: SweepSpec, actor: Actor) -> None:
+        """Model names are one namespace (the registry's directories); a name another user
+        registered first is refused now, not when the sweep ends, and without saying whose."""
+        if spec.promote is None:
+            return
+        with self.db.session() as s:
+            owner = s.scalar(
+                select(ModelVersion.owner).where(ModelVersion.model == spec.promote.model)
+                .limit(1)
+            )
+        if owner is not None and owner != actor.name:
+            raise SpecError(
+                "promote.model",
+                f"the model name {spec.promote.model!r} is taken by another user; choose "
+                "another name",
+            )
 
     # --- queries -------------------------------------------------------------------------
 
@@ -220,7 +260,8 @@ class SweepStore:
             raise Conflict(f"sweep {sweep_id} is already {sweep.state}")
         with self.db.session() as s:
             sweep = s.get(Sweep, sweep_id)
-            assert sweep is not None
+            if sweep is None:
+                raise NotFound(f"sweep {sweep_id} not found")
             if controller_alive(sweep):
                 sweep.state = "cancelling"
                 return sweep
@@ -231,7 +272,8 @@ class SweepStore:
         Optuna, which has no cancelled state)."""
         with self.db.session() as s:
             sweep = s.get(Sweep, sweep_id)
-            assert sweep is not None
+            if sweep is None:
+                raise NotFound(f"sweep {sweep_id} not found")
             study = optuna.load_study(
                 study_name=sweep.study_name, storage=storage_for(self.db.url)
             )
@@ -263,19 +305,3 @@ def tell_quietly(
         study.tell(number, value, skip_if_finished=True)
     else:
         study.tell(number, state=state, skip_if_finished=True)
-
-
-def _tree_size(root: Path, ignore: Callable[[str, list[str]], set[str]]) -> int:
-    """Bytes a snapshot of ``root`` would copy."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        skipped = ignore(dirpath, [*dirnames, *filenames])
-        dirnames[:] = [d for d in dirnames if d not in skipped]
-        for name in filenames:
-            if name in skipped:
-                continue
-            try:
-                total += (Path(dirpath) / name).lstat().st_size
-            except OSError:
-                continue
-    return total

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import tornado.web
 
+from tuner.api.base import NotFoundHandler
 from tuner.api.trials import ReportHandler
 from tuner.controller import Engine
 
@@ -27,7 +28,7 @@ def make_app(
 ) -> tornado.web.Application:
     base = "/" + base_path.strip("/") + "/" if base_path.strip("/") else "/"
     routes: list[Any] = [
-        (rf"{base}api/v1/trials/(\d+)/report", ReportHandler, {"engine": engine}),
+        (rf"{base}api/v1/trials/([^/]+)/report", ReportHandler, {"engine": engine}),
     ]
     settings: dict[str, Any] = {}
     if ctx is not None:
@@ -37,4 +38,6 @@ def make_app(
         routes += service_routes(base, ctx)
         settings["hub_auth"] = ctx.hub_auth
         settings["cookie_secret"] = cookie_secret
+    # Any other path: a JSON 404 like every API error, not tornado's HTML page.
+    settings["default_handler_class"] = NotFoundHandler
     return tornado.web.Application(routes, **settings)

@@ -2,15 +2,21 @@
 tunehub's custom scopes.
 
 ``custom:tuner:read`` lets a caller see their own sweeps and models, ``custom:tuner:submit``
-lets them change them, ``custom:tuner:admin`` extends both to everyone's. The hub grants these
+lets them change them, ``custom:tuner:admin`` extends both to everyone's, and
+``custom:tuner:priority-high`` lets them submit ``priority: high`` sweeps. The hub grants these
 through roles and ``server_token_scopes``; the service only checks them.
+
+Every handler of a hub user identifies the caller in :meth:`UserHandler.prepare`, before its
+method runs (and so before any effect): a request without a user is a 401, a token without the
+method's scope a 403. What the caller may do with a named object is decided next, in
+:mod:`tuner.api.access`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from jupyterhub.services.auth import HubOAuth, HubOAuthenticated
+from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
 
 from tuner.api.base import JsonHandler
 from tuner.errors import Forbidden, Unauthorized
@@ -19,19 +25,30 @@ from tuner.sweeps import Actor
 READ = "custom:tuner:read"
 SUBMIT = "custom:tuner:submit"
 ADMIN = "custom:tuner:admin"
+HIGH_PRIORITY = "custom:tuner:priority-high"
 SCOPES = {
     READ: "See your sweeps, trials and models in the tuner.",
     SUBMIT: "Submit, cancel and resume your sweeps; promote your models.",
     ADMIN: "See and change every user's sweeps and models.",
+    HIGH_PRIORITY: "Submit sweeps with priority: high.",
 }
 
 
-def has_scope(scopes: list[str], wanted: str) -> bool:
-    return any(s == wanted or s.startswith(wanted + "!") for s in scopes)
+def has_scope(scopes: list[str], wanted: str, user: str) -> bool:
+    """``wanted`` held unfiltered, or filtered to the caller themself (``!user=<name>``).
+
+    Any other filter (``custom:tuner:admin!user=bob``) grants nothing: our scopes are about
+    the caller's own objects, and the admin scope only means something unfiltered."""
+    return any(s == wanted or s == f"{wanted}!user={user}" for s in scopes)
 
 
 class UserHandler(HubOAuthenticated, JsonHandler):
-    """A handler for hub users: token (``Authorization: token ...``) or OAuth cookie."""
+    """A handler for hub users: token (``Authorization: token ...``) or OAuth cookie.
+
+    ``scopes`` maps each HTTP method to the scope it needs; :meth:`prepare` checks it before
+    the method runs, asking the hub without blocking the event loop."""
+
+    scopes: ClassVar[dict[str, str]] = {"GET": READ, "POST": SUBMIT}
 
     def initialize(self, ctx: Any) -> None:
         self.ctx = ctx
@@ -39,19 +56,35 @@ class UserHandler(HubOAuthenticated, JsonHandler):
 
     @property
     def hub_scopes(self) -> None:  # type: ignore[override]
-        # Any identified hub user passes the mixin; our scopes are checked per request so the
+        # Any identified hub user passes the mixin; our scopes are checked in prepare so the
         # caller gets a JSON reason.
         return None
 
-    def actor(self, scope: str = READ) -> Actor:
+    async def prepare(self) -> None:
+        # HubAuth's synchronous get_user would block the loop on a round trip to the hub.
+        model = await self.hub_auth.get_user(self, sync=False)
+        user = None
+        if model:
+            try:
+                user = self.check_hub_user(model)
+            except UserNotAllowed:
+                user = None
+        self._hub_auth_user_cache = user
+        self.current_user = user
+        self.actor = self._actor(self.scopes.get(self.request.method or "GET", READ))
+
+    def _actor(self, scope: str) -> Actor:
         user: dict[str, Any] | None = self.current_user  # type: ignore[assignment]
         if not user or user.get("kind", "user") != "user":
             raise Unauthorized("a JupyterHub user token or login is required")
+        name = str(user["name"])
         scopes = list(user.get("scopes") or [])
-        admin = has_scope(scopes, ADMIN)
-        if not admin and not has_scope(scopes, scope):
+        admin = has_scope(scopes, ADMIN, name)
+        if not admin and not has_scope(scopes, scope, name):
             raise Forbidden(f"this token lacks the scope {scope}")
-        return Actor(name=user["name"], admin=admin)
+        return Actor(
+            name=name, admin=admin, high_priority=admin or has_scope(scopes, HIGH_PRIORITY, name)
+        )
 
 
 def make_hub_auth() -> HubOAuth:

@@ -9,10 +9,25 @@ from typing import Any
 
 from tornado.web import HTTPError, RequestHandler
 
-from tuner.errors import TunehubError
+from tuner.errors import NotFound, TunehubError
 from tuner.spec import SpecError
 
 log = logging.getLogger("tunehub.api")
+
+# Ids are 32-bit integer columns: a larger number names nothing (and must not reach the
+# database, whose driver would raise OverflowError).
+MAX_ID = 2**31 - 1
+
+
+def parse_id(raw: str, not_found: str) -> int:
+    """A path segment as an id, or a 404 saying what was not found."""
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_ID:
+        raise NotFound(not_found)
+    return value
 
 
 class ApiError(HTTPError):
@@ -67,3 +82,10 @@ class JsonHandler(RequestHandler):
         else:
             body["error"] = "internal error; see the tuner service log"
         self.finish(json.dumps(body))
+
+
+class NotFoundHandler(JsonHandler):
+    """What answers a path no route matches."""
+
+    def prepare(self) -> None:
+        raise ApiError(404, f"no such endpoint: {self.request.path[:200]}")

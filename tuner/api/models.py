@@ -1,33 +1,36 @@
-"""Models over REST: list, versions, promote."""
+"""Models over REST: list, versions, promote. Routes naming a model are
+:class:`~tuner.api.access.ModelRoute`: the model is the caller's before a method runs."""
 
 from __future__ import annotations
 
-from tuner.api.auth import READ, SUBMIT, UserHandler
-from tuner.api.base import ApiError
+from tuner.api.access import ModelRoute
+from tuner.api.auth import UserHandler
+from tuner.api.base import ApiError, parse_id
 from tuner.serialize import model_version_view
 
 
 class ModelsHandler(UserHandler):
     def get(self) -> None:
-        actor = self.actor(READ)
+        actor = self.actor
         self.send(self.ctx.registry.list_models(owner=None if actor.admin else actor.name))
 
 
-class ModelHandler(UserHandler):
-    def get(self, name: str) -> None:
-        actor = self.actor(READ)
-        versions = self.ctx.registry.versions(name, owner=None if actor.admin else actor.name)
-        self.send([model_version_view(v) for v in versions])
+class ModelHandler(ModelRoute):
+    def get(self, _name: str) -> None:
+        self.send([model_version_view(v) for v in self.versions])
 
 
-class PromoteHandler(UserHandler):
-    def post(self, name: str, version: str) -> None:
-        actor = self.actor(SUBMIT)
+class PromoteHandler(ModelRoute):
+    def post(self, _name: str, version: str) -> None:
+        number = parse_id(version, f"model {self.model} has no version {version[:40]}")
         body = self.json_body()
         stage = body.get("stage", "production")
         if stage not in ("production", "canary"):
             raise ApiError(400, f"stage: expected production | canary, got {stage!r}", "stage")
+        unknown = sorted(set(body) - {"stage"})
+        if unknown:
+            raise ApiError(400, f"unknown field {unknown[0]!r}; expected stage", unknown[0])
         promoted = self.ctx.registry.promote(
-            name, int(version), stage=stage, actor=actor.name, is_admin=actor.admin
+            self.model, number, stage=stage, actor=self.actor.name, is_admin=self.actor.admin
         )
         self.send(model_version_view(promoted))

@@ -1,4 +1,9 @@
-"""The OpenAPI document the service serves at ``api/v1/openapi.json``."""
+"""The OpenAPI document the service serves at ``api/v1/openapi.json``.
+
+It is the contract schemathesis checks the running service against (tests/test_api_fuzz.py):
+every status a route can answer is listed, and every schema says which fields may be ``null``.
+Keep it in step with :mod:`tuner.serialize` (the JSON views) and the handlers.
+"""
 
 from __future__ import annotations
 
@@ -6,31 +11,41 @@ from typing import Any
 
 from tornado.web import RequestHandler
 
+from tuner.api.auth import READ, SUBMIT
+from tuner.api.base import MAX_ID
+
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_WHY = {
+    "400": "Bad request: the body names the field (field) and what was expected",
+    "401": "No or unknown credentials",
+    "403": "The token lacks the scope this route needs",
+    "404": "No such object, or not yours (the same answer)",
+    "409": "Not possible in the object's current state",
+    "503": "The cluster (Kubernetes backend) cannot be reached; nothing was stored",
+}
 
 
-def _op(summary: str, ok: Any, scope: str, body: Any = None, status: str = "200") -> dict:
+def _errors(*codes: str) -> dict[str, Any]:
+    return {
+        code: {"description": _WHY[code], "content": {"application/json": {"schema": _ERROR}}}
+        for code in codes
+    }
+
+
+def _op(
+    summary: str,
+    ok: Any,
+    scope: str,
+    body: Any = None,
+    status: str = "200",
+    errors: tuple[str, ...] = ("401", "403", "404"),
+) -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": summary,
         "security": [{"hubToken": [scope]}],
         "responses": {
             status: {"description": "OK", "content": {"application/json": {"schema": ok}}},
-            "400": {
-                "description": "Bad request",
-                "content": {"application/json": {"schema": _ERROR}},
-            },
-            "401": {
-                "description": "No credentials",
-                "content": {"application/json": {"schema": _ERROR}},
-            },
-            "403": {
-                "description": "Missing scope",
-                "content": {"application/json": {"schema": _ERROR}},
-            },
-            "404": {
-                "description": "Not found (or not yours)",
-                "content": {"application/json": {"schema": _ERROR}},
-            },
+            **_errors(*errors),
         },
     }
     if body is not None:
@@ -38,99 +53,227 @@ def _op(summary: str, ok: Any, scope: str, body: Any = None, status: str = "200"
     return op
 
 
-def _path_param(name: str) -> dict:
-    return {"name": name, "in": "path", "required": True, "schema": {"type": "integer"}}
+def _id_param(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+    }
+
+
+def _nullable(kind: str, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "nullable": True, **extra}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": sorted(properties), "properties": properties}
+
+
+_TIME = _nullable("string", format="date-time")
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["status", "error"],
+        "properties": {
+            "status": {"type": "integer"},
+            "error": {"type": "string"},
+            "field": {"type": "string"},
+        },
+    },
+    "SweepRequest": {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "spec": {"type": "object", "description": "the sweep spec (README, DESIGN.md)"},
+            "backend": {"type": "string", "enum": ["local", "kubernetes"]},
+            "function": {
+                "type": "string",
+                "description": "base64 cloudpickle of a callable(params) -> float, instead of "
+                "spec.command",
+            },
+        },
+    },
+    "Sweep": _object({
+        "id": {"type": "integer"},
+        "name": {"type": "string"},
+        "owner": {"type": "string"},
+        "state": {
+            "type": "string",
+            "enum": ["queued", "running", "cancelling", "completed", "failed", "cancelled"],
+        },
+        "reason": _nullable("string"),
+        "backend": {"type": "string"},
+        "metric": _nullable("string"),
+        "direction": _nullable("string"),
+        "trials": _nullable("integer"),
+        "parallelism": _nullable("integer"),
+        "completed": {"type": "integer"},
+        "pruned": {"type": "integer"},
+        "failed": {"type": "integer"},
+        "best_value": _nullable("number"),
+        "best_trial": _nullable("integer"),
+        "model_version_id": _nullable("integer"),
+        "cold_start": _nullable("string"),
+        "created_at": _TIME,
+        "started_at": _TIME,
+        "finished_at": _TIME,
+        "spec": {"type": "object"},
+    }),
+    "Trial": _object({
+        "number": {"type": "integer"},
+        "state": {
+            "type": "string",
+            "enum": ["pending", "running", "completed", "pruned", "failed", "cancelled"],
+        },
+        "value": _nullable("number"),
+        "params": {"type": "object"},
+        "attempts": {"type": "integer"},
+        "reason": _nullable("string"),
+        "last_step": _nullable("integer"),
+        "has_model": {"type": "boolean"},
+        "started_at": _TIME,
+        "finished_at": _TIME,
+        "duration_seconds": _nullable("number"),
+        "intermediate_values": {
+            "type": "array",
+            "items": _object({"step": {"type": "integer"}, "value": {"type": "number"}}),
+        },
+    }),
+    "Model": {
+        "type": "object",
+        "required": ["name", "owner", "versions", "latest", "production", "canary", "metric"],
+        "properties": {
+            "name": {"type": "string"},
+            "owner": {"type": "string"},
+            "versions": {"type": "integer"},
+            "latest": _nullable("integer"),
+            "production": _nullable("integer"),
+            "canary": _nullable("integer"),
+            "production_value": _nullable("number"),
+            "canary_value": _nullable("number"),
+            "metric": {"type": "string"},
+        },
+    },
+    "ModelVersion": _object({
+        "model": {"type": "string"},
+        "version": {"type": "integer"},
+        "owner": {"type": "string"},
+        "stage": _nullable("string", enum=["production", "canary", "archived", None]),
+        "path": {"type": "string"},
+        "metric": {"type": "string"},
+        "direction": {"type": "string"},
+        "metric_value": _nullable("number"),
+        "sweep_id": _nullable("integer"),
+        "trial_number": _nullable("integer"),
+        "params": {"type": "object"},
+        "code_location": _nullable("string"),
+        "data_path": _nullable("string"),
+        "created_at": _TIME,
+        "promoted_at": _TIME,
+    }),
+    "PromoteRequest": {
+        "type": "object",
+        "properties": {"stage": {"type": "string", "enum": ["production", "canary"]}},
+    },
+    "Report": {
+        "type": "object",
+        "required": ["value"],
+        "properties": {
+            "value": {"type": "number"},
+            "step": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+            "attempt": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+            "last": {
+                "type": "boolean",
+                "description": "the trial's final step: never pruned there",
+            },
+        },
+    },
+}
 
 
 def document(base_path: str) -> dict[str, Any]:
     ref = lambda name: {"$ref": f"#/components/schemas/{name}"}  # noqa: E731
-    sweep_id, number = _path_param("sweep_id"), _path_param("number")
-    name = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-    version = _path_param("version")
+    sweep_id, number = _id_param("sweep_id"), _id_param("number")
+    name = {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"},
+    }
+    version = _id_param("version")
     return {
         "openapi": "3.0.3",
         "info": {
             "title": "tunehub tuner API",
             "version": "1",
             "description": "Sweeps, trials and models. Authenticate with a JupyterHub token "
-            "(Authorization: token ...) carrying custom:tuner:read / custom:tuner:submit.",
+            "(Authorization: token ...) carrying custom:tuner:read / custom:tuner:submit. "
+            "Another user's sweep or model answers 404, as one that does not exist.",
         },
         "servers": [{"url": base_path.rstrip("/") + "/api/v1"}],
         "paths": {
             "/sweeps": {
-                "get": _op(
-                    "Your sweeps", {"type": "array", "items": ref("Sweep")}, "custom:tuner:read"
-                ),
+                "get": _op("Your sweeps", {"type": "array", "items": ref("Sweep")}, READ,
+                           errors=("401", "403")),
                 "post": _op(
-                    "Submit a sweep",
-                    ref("Sweep"),
-                    "custom:tuner:submit",
-                    ref("SweepRequest"),
-                    "201",
+                    "Submit a sweep (priority: high needs custom:tuner:priority-high)",
+                    ref("Sweep"), SUBMIT, ref("SweepRequest"), "201",
+                    errors=("400", "401", "403", "503"),
                 ),
             },
             "/sweeps/{sweep_id}": {
                 "parameters": [sweep_id],
-                "get": _op("A sweep", ref("Sweep"), "custom:tuner:read"),
+                "get": _op("A sweep", ref("Sweep"), READ),
             },
             "/sweeps/{sweep_id}/cancel": {
                 "parameters": [sweep_id],
-                "post": _op("Cancel a sweep", ref("Sweep"), "custom:tuner:submit"),
+                "post": _op("Cancel a sweep", ref("Sweep"), SUBMIT,
+                            errors=("401", "403", "404", "409")),
             },
             "/sweeps/{sweep_id}/resume": {
                 "parameters": [sweep_id],
-                "post": _op("Resume a sweep", ref("Sweep"), "custom:tuner:submit"),
+                "post": _op("Resume a sweep", ref("Sweep"), SUBMIT,
+                            errors=("401", "403", "404", "409")),
             },
             "/sweeps/{sweep_id}/trials": {
                 "parameters": [sweep_id],
-                "get": _op(
-                    "Trials with intermediate values",
-                    {"type": "array", "items": ref("Trial")},
-                    "custom:tuner:read",
-                ),
+                "get": _op("Trials with intermediate values",
+                           {"type": "array", "items": ref("Trial")}, READ),
             },
             "/sweeps/{sweep_id}/trials/{number}/logs": {
                 "parameters": [sweep_id, number],
                 "get": {
                     "summary": "A trial's output, all attempts",
-                    "security": [{"hubToken": ["custom:tuner:read"]}],
+                    "security": [{"hubToken": [READ]}],
                     "responses": {
                         "200": {
                             "description": "log text",
                             "content": {"text/plain": {"schema": {"type": "string"}}},
                         },
-                        "404": {"description": "Not found"},
+                        **_errors("401", "403", "404"),
                     },
                 },
             },
             "/models": {
-                "get": _op(
-                    "Registered models",
-                    {"type": "array", "items": ref("Model")},
-                    "custom:tuner:read",
-                ),
+                "get": _op("Registered models", {"type": "array", "items": ref("Model")},
+                           READ, errors=("401", "403")),
             },
             "/models/{name}": {
                 "parameters": [name],
-                "get": _op(
-                    "A model's versions",
-                    {"type": "array", "items": ref("ModelVersion")},
-                    "custom:tuner:read",
-                ),
+                "get": _op("A model's versions", {"type": "array", "items": ref("ModelVersion")},
+                           READ),
             },
             "/models/{name}/versions/{version}/promote": {
                 "parameters": [name, version],
-                "post": _op(
-                    "Move a stage to a version",
-                    ref("ModelVersion"),
-                    "custom:tuner:submit",
-                    ref("PromoteRequest"),
-                ),
+                "post": _op("Move a stage to a version", ref("ModelVersion"), SUBMIT,
+                            ref("PromoteRequest"), errors=("400", "401", "403", "404")),
             },
             "/trials/{trial_id}/report": {
-                "parameters": [_path_param("trial_id")],
+                "parameters": [_id_param("trial_id")],
                 "post": {
-                    "summary": "A trial reports its metric (per-trial token only)",
+                    "summary": "A trial reports its metric (its running attempt's token only)",
                     "security": [{"trialToken": []}],
                     "requestBody": {
                         "required": True,
@@ -139,16 +282,10 @@ def document(base_path: str) -> dict[str, Any]:
                     "responses": {
                         "200": {
                             "description": "the pruning decision",
-                            "content": {
-                                "application/json": {
-                                    "schema": {
-                                        "type": "object",
-                                        "properties": {"prune": {"type": "boolean"}},
-                                    }
-                                }
-                            },
+                            "content": {"application/json": {"schema": _object(
+                                {"prune": {"type": "boolean"}})}},
                         },
-                        "401": {"description": "not this trial's token"},
+                        **_errors("400", "401", "404"),
                     },
                 },
             },
@@ -158,100 +295,7 @@ def document(base_path: str) -> dict[str, Any]:
                 "hubToken": {"type": "apiKey", "in": "header", "name": "Authorization"},
                 "trialToken": {"type": "http", "scheme": "bearer"},
             },
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["status", "error"],
-                    "properties": {
-                        "status": {"type": "integer"},
-                        "error": {"type": "string"},
-                        "field": {"type": "string"},
-                    },
-                },
-                "SweepRequest": {
-                    "type": "object",
-                    "required": ["spec"],
-                    "properties": {
-                        "spec": {"type": "object", "description": "the sweep spec (DESIGN.md)"},
-                        "backend": {"type": "string", "enum": ["local", "kubernetes"]},
-                        "function": {
-                            "type": "string",
-                            "description": "base64 cloudpickle of "
-                            "a callable(params) -> float, instead of spec.command",
-                        },
-                    },
-                },
-                "Sweep": {
-                    "type": "object",
-                    "properties": {
-                        k: {"type": t}
-                        for k, t in {
-                            "id": "integer",
-                            "name": "string",
-                            "owner": "string",
-                            "state": "string",
-                            "reason": "string",
-                            "metric": "string",
-                            "direction": "string",
-                            "trials": "integer",
-                            "completed": "integer",
-                            "pruned": "integer",
-                            "failed": "integer",
-                            "best_value": "number",
-                            "best_trial": "integer",
-                            "cold_start": "string",
-                        }.items()
-                    },
-                },
-                "Trial": {
-                    "type": "object",
-                    "properties": {
-                        "number": {"type": "integer"},
-                        "state": {"type": "string"},
-                        "value": {"type": "number"},
-                        "params": {"type": "object"},
-                        "attempts": {"type": "integer"},
-                        "reason": {"type": "string"},
-                        "intermediate_values": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "properties": {
-                                    "step": {"type": "integer"},
-                                    "value": {"type": "number"},
-                                },
-                            },
-                        },
-                    },
-                },
-                "Model": {"type": "object", "properties": {"name": {"type": "string"}}},
-                "ModelVersion": {
-                    "type": "object",
-                    "properties": {
-                        "model": {"type": "string"},
-                        "version": {"type": "integer"},
-                        "stage": {"type": "string"},
-                        "metric_value": {"type": "number"},
-                    },
-                },
-                "PromoteRequest": {
-                    "type": "object",
-                    "properties": {"stage": {"type": "string", "enum": ["production", "canary"]}},
-                },
-                "Report": {
-                    "type": "object",
-                    "required": ["value"],
-                    "properties": {
-                        "value": {"type": "number"},
-                        "step": {"type": "integer", "minimum": 0},
-                        "attempt": {"type": "integer"},
-                        "last": {
-                            "type": "boolean",
-                            "description": "the trial's final step: never pruned there",
-                        },
-                    },
-                },
-            },
+            "schemas": SCHEMAS,
         },
     }
 

@@ -1,13 +1,18 @@
-"""Sweeps and trials over REST: create, list, show, cancel, resume, trials, logs."""
+"""Sweeps and trials over REST: create, list, show, cancel, resume, trials, logs.
+
+Routes naming a sweep are :class:`~tuner.api.access.SweepRoute`: by the time a method here
+runs, the caller is known and the sweep is theirs (or they are a tuner admin)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from typing import Any
 
-from tuner.api.auth import READ, SUBMIT, UserHandler
-from tuner.api.base import ApiError
+from tuner.api.access import SweepRoute
+from tuner.api.auth import UserHandler
+from tuner.api.base import ApiError, parse_id
 from tuner.metrics import SWEEPS_SUBMITTED
 from tuner.serialize import sweep_view, trial_view
 from tuner.spec import SpecError, SweepSpec
@@ -19,11 +24,10 @@ MAX_FUNCTION_BYTES = 20 * 1024 * 1024
 
 class SweepsHandler(UserHandler):
     def get(self) -> None:
-        actor = self.actor(READ)
-        self.send([sweep_view(s) for s in self.ctx.store.list(actor)])
+        self.send([sweep_view(s) for s in self.ctx.store.list(self.actor)])
 
-    def post(self) -> None:
-        actor = self.actor(SUBMIT)
+    async def post(self) -> None:
+        actor = self.actor
         body = self.json_body()
         unknown = set(body) - {"spec", "backend", "function"}
         if unknown:
@@ -40,13 +44,18 @@ class SweepsHandler(UserHandler):
             raw = {**raw, "command": FUNCTION_COMMAND}
         spec = SweepSpec.from_dict(raw)
         backend_name = body.get("backend") or self.ctx.default_backend
-        backend = self.ctx.backends.get(backend_name)
+        backend = self.ctx.backends.get(backend_name) if isinstance(backend_name, str) else None
         if backend is None:
             raise SpecError(
                 "backend",
                 f"expected one of {' | '.join(self.ctx.backends)}, got {backend_name!r}",
             )
-        sweep = self.ctx.store.submit(spec, actor, backend, files=files)
+        # Checking the code directory, copying its snapshot, a cluster's dry run and creating
+        # the study can take seconds: in a thread, so other requests and trial reports are
+        # answered meanwhile.
+        sweep = await asyncio.to_thread(
+            self.ctx.store.submit, spec, actor, backend, files, True
+        )
         SWEEPS_SUBMITTED.labels(backend.name).inc()
         self.ctx.engine.run_sweep(sweep.id)
         self.send(sweep_view(self.ctx.store.get(sweep.id, actor)), status=201)
@@ -65,42 +74,40 @@ def _decode_function(value: Any) -> bytes:
     return data
 
 
-class SweepHandler(UserHandler):
-    def get(self, sweep_id: str) -> None:
-        self.send(sweep_view(self.ctx.store.get(int(sweep_id), self.actor(READ))))
+class SweepHandler(SweepRoute):
+    def get(self, _sweep_id: str) -> None:
+        self.send(sweep_view(self.sweep))
 
 
-class SweepCancelHandler(UserHandler):
-    def post(self, sweep_id: str) -> None:
-        actor = self.actor(SUBMIT)
-        sid = int(sweep_id)
-        if not self.ctx.engine.cancel(sid):
-            self.ctx.store.request_cancel(sid, actor)
-        else:
-            self.ctx.store.get(sid, actor)  # ownership check before answering
-        self.send(sweep_view(self.ctx.store.get(sid, actor)))
+class SweepCancelHandler(SweepRoute):
+    def post(self, _sweep_id: str) -> None:
+        sid = self.sweep.id
+        # The stored request first (409 when the sweep already ended), then wake the
+        # controller if it runs in this process; one in another process sees "cancelling".
+        self.ctx.store.request_cancel(sid, self.actor)
+        self.ctx.engine.cancel(sid)
+        self.send(sweep_view(self.ctx.store.get(sid, self.actor)))
 
 
-class SweepResumeHandler(UserHandler):
-    def post(self, sweep_id: str) -> None:
-        actor = self.actor(SUBMIT)
-        sid = int(sweep_id)
-        self.ctx.store.get(sid, actor)
+class SweepResumeHandler(SweepRoute):
+    def post(self, _sweep_id: str) -> None:
+        sid = self.sweep.id
         self.ctx.engine.run_sweep(sid)
-        self.send(sweep_view(self.ctx.store.get(sid, actor)))
+        self.send(sweep_view(self.ctx.store.get(sid, self.actor)))
 
 
-class TrialsHandler(UserHandler):
-    def get(self, sweep_id: str) -> None:
-        actor = self.actor(READ)
-        sid = int(sweep_id)
-        reports = self.ctx.store.reports(sid, actor)
-        trials = self.ctx.store.trials(sid, actor)
+class TrialsHandler(SweepRoute):
+    def get(self, _sweep_id: str) -> None:
+        sid = self.sweep.id
+        reports = self.ctx.store.reports(sid, self.actor)
+        trials = self.ctx.store.trials(sid, self.actor)
         self.send([trial_view(t, reports.get(t.number, [])) for t in trials])
 
 
-class TrialLogHandler(UserHandler):
-    def get(self, sweep_id: str, number: str) -> None:
-        path = self.ctx.store.log_path(int(sweep_id), int(number), self.actor(READ))
+class TrialLogHandler(SweepRoute):
+    async def get(self, _sweep_id: str, number: str) -> None:
+        n = parse_id(number, f"sweep {self.sweep.id} has no trial {number[:40]}")
+        path = self.ctx.store.log_path(self.sweep.id, n, self.actor)
+        data = await asyncio.to_thread(path.read_bytes)  # logs can be large
         self.set_header("Content-Type", "text/plain; charset=utf-8")
-        self.finish(path.read_bytes())
+        self.finish(data)

@@ -1,11 +1,31 @@
-"""The trial report endpoint: per-trial tokens only, answers the pruning decision."""
+"""The trial report endpoint: per-trial tokens only, answers the pruning decision.
+
+A token is valid only for the attempt it was made for, while that attempt runs: the controller
+keeps its hash (never the token) and forgets it when the attempt ends, so a token of a finished
+attempt, or of another trial, reports nothing."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from tuner.api.base import ApiError, JsonHandler
+from tuner.api.base import MAX_ID, ApiError, JsonHandler, parse_id
 from tuner.controller import Engine
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)  # a huge int overflows
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _small_int(value: Any, minimum: int) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, int)
+            and minimum <= value <= MAX_ID)
 
 
 class ReportHandler(JsonHandler):
@@ -16,22 +36,23 @@ class ReportHandler(JsonHandler):
         auth = self.request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             raise ApiError(401, "a trial token is required (Authorization: Bearer ...)")
+        tid = parse_id(trial_id, f"trial {trial_id[:40]} is not running")
         body = self.json_body()
-        value = body.get("value")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
-            value
-        ):
-            raise ApiError(400, f"value: expected a finite number, got {value!r}", "value")
+        value = _finite(body.get("value"))
+        if value is None:
+            raise ApiError(
+                400, f"value: expected a finite number, got {body.get('value')!r:.80}", "value"
+            )
         step = body.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise ApiError(400, f"step: expected a non-negative integer, got {step!r}", "step")
+        if step is not None and not _small_int(step, 0):
+            raise ApiError(400, f"step: expected an integer from 0 to {MAX_ID}, got {step!r:.80}",
+                           "step")
         attempt = body.get("attempt", 1)
-        if isinstance(attempt, bool) or not isinstance(attempt, int):
-            raise ApiError(400, f"attempt: expected an integer, got {attempt!r}", "attempt")
+        if not _small_int(attempt, 1):
+            raise ApiError(400, f"attempt: expected a positive integer, got {attempt!r:.80}",
+                           "attempt")
         last = body.get("last", False)
         if not isinstance(last, bool):
-            raise ApiError(400, f"last: expected true or false, got {last!r}", "last")
-        prune = self.engine.report(
-            int(trial_id), auth[7:].strip(), attempt, float(value), step, last=last
-        )
+            raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
+        prune = self.engine.report(tid, auth[7:].strip(), attempt, value, step, last=last)
         self.send({"prune": prune})

@@ -8,13 +8,32 @@ never polls trials, so its cost per trial stays constant however many trials are
 from __future__ import annotations
 
 import abc
-import shutil
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tuner.snapshot import CODE_SNAPSHOT_LIMIT, copy_snapshot
 from tuner.spec import Resources, SweepSpec
+
+# What a trial process on this machine must not inherit from the process that starts it (the
+# tuner service or the CLI): the hub's token of the service and its settings (JUPYTERHUB_*,
+# JPY_*), tunehub's settings, among them the database URL (TUNEHUB_*; a trial gets the few it
+# needs from its launch), and cluster credentials.
+_NOT_INHERITED_PREFIXES = ("JUPYTERHUB_", "JPY_", "TUNEHUB_")
+_NOT_INHERITED = frozenset({"KUBECONFIG"})
+
+
+def inherited_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a local trial (or the warm-start process it forks from) starts with,
+    before its launch's own variables: this process's, minus the platform's secrets."""
+    env = dict(os.environ if environ is None else environ)
+    return {
+        k: v for k, v in env.items()
+        if not k.startswith(_NOT_INHERITED_PREFIXES) and k not in _NOT_INHERITED
+    }
+
 
 #: ``waiting``: the attempt was submitted but cannot start yet, and ``reason`` says why (e.g. the
 #: namespace's quota is full); it is not an outcome: ``started`` or an outcome follows.
@@ -102,7 +121,7 @@ class Backend(abc.ABC):
         does not exist yet. A backend that runs trials as their owner copies with the owner's
         rights, so nobody snapshots what they could not read."""
         if source is not None:
-            shutil.copytree(source, target, ignore=ignore, symlinks=True)
+            copy_snapshot(source, target, ignore, CODE_SNAPSHOT_LIMIT)  # never follows a link
         else:
             target.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():

@@ -23,7 +23,14 @@ from pathlib import Path
 
 from tuner import metrics, unix_users
 from tuner.backends import ownership
-from tuner.backends._base import COLD, Backend, Ignore, TrialEvent, TrialLaunch
+from tuner.backends._base import (
+    COLD,
+    Backend,
+    Ignore,
+    TrialEvent,
+    TrialLaunch,
+    inherited_environment,
+)
 from tuner.backends.gpus import GpuPool, discover_gpus
 from tuner.backends.multiworker import SIBLING_GRACE_SECONDS, free_ports, tf_config, worker_log
 from tuner.backends.warm import Zygote, preload_for
@@ -188,7 +195,7 @@ class LocalBackend(Backend):
             )
             return
         # A person's trial sees none of the platform's environment (hub token, database URL).
-        env = owner.environment(os.environ) if owner is not None else dict(os.environ)
+        env = owner.environment(os.environ) if owner is not None else inherited_environment()
         env.update(launch.env)
         # The interpreter that runs tunehub runs trials too, with its packages (tuner, TF).
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -407,7 +414,10 @@ def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
-        pass
+        try:  # a warm trial just forked, not yet the leader of its own group
+            os.kill(pgid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _collect_worker_logs(attempt: _Attempt) -> None:

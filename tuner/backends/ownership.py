@@ -19,11 +19,11 @@ API, and a SavedModel holding such a link would be copied into the registry. So:
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from pathlib import Path
 
 from tuner.backends._base import Ignore
+from tuner.snapshot import CODE_SNAPSHOT_LIMIT, copy_snapshot
 from tuner.unix_users import UnixUser, privilege_dropper
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -115,8 +115,7 @@ def snapshot_as(
             os.close(read_end)
             drop()
             if source is not None:
-                shutil.copytree(source, target, ignore=ignore, symlinks=True,
-                                dirs_exist_ok=True)
+                copy_snapshot(source, target, ignore, CODE_SNAPSHOT_LIMIT)
             for name, data in files.items():
                 (target / name).write_bytes(data)
             code = 0

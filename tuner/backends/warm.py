@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import unix_users
+from tuner.backends._base import inherited_environment
 from tuner.backends.imports import entry_file, external_imports
 
 HEAVY_MODULES = ("tensorflow", "keras")
@@ -55,7 +56,7 @@ class Zygote:
 
     async def start(self) -> None:
         ours, theirs = socket.socketpair()
-        env = self.owner.environment(os.environ) if self.owner else dict(os.environ)
+        env = self.owner.environment(os.environ) if self.owner else inherited_environment()
         env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tuner.backends.zygote", str(theirs.fileno()),

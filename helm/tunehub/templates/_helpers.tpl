@@ -142,6 +142,8 @@ of a patch `helm upgrade` would fail on. (dict "ctx" . "role" "notebook")
   value: {{ .Values.data.mountPath | quote }}
 - name: TUNEHUB_REGISTRY
   value: {{ printf "%s/%s" .Values.data.mountPath .Values.data.modelsSubPath | quote }}
+- name: TUNEHUB_USERS_DIR
+  value: {{ printf "%s/%s" .Values.data.mountPath .Values.data.usersSubPath | quote }}
 - name: TUNEHUB_DB_URL
   valueFrom:
     secretKeyRef:

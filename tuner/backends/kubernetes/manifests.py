@@ -107,6 +107,28 @@ def relative_to_data(settings: KubeSettings, path: Path) -> str:
         ) from None
 
 
+def sweep_root(workdir: Path) -> Path:
+    """The sweep's directory (code snapshot, every trial's directory) of a trial's workdir
+    (``<home>/sweeps/<id>/trials/<n>``); a workdir elsewhere stands for itself."""
+    return workdir.parent.parent if workdir.parent.name == "trials" else workdir
+
+
+def data_mounts(settings: KubeSettings, launch: TrialLaunch) -> list[dict[str, Any]]:
+    """What a trial pod sees of the data volume: the shared subpaths read-only (datasets) and
+    its own sweep's directory read-write (code snapshot, its working directory, its model
+    output). Never the whole volume: it also holds tunehub's home (every user's sweeps and
+    logs), the registry and other users' areas."""
+    mounts: list[dict[str, Any]] = [
+        {"name": "data", "mountPath": str(settings.data_path / sub), "subPath": sub,
+         "readOnly": True}
+        for sub in settings.shared_subpaths
+    ]
+    root = sweep_root(launch.workdir)
+    mounts.append({"name": "data", "mountPath": str(root),
+                   "subPath": relative_to_data(settings, root)})
+    return mounts
+
+
 def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     """The Job of one attempt. ``backoffLimit: 0``: retries belong to the controller."""
     name = job_name(launch.sweep_id, launch.trial_id, launch.attempt)
@@ -116,10 +138,14 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
         meta_labels[QUEUE_LABEL] = settings.queue
     pod_labels = {**meta_labels, **settings.pod_labels}
     pod_labels.pop(QUEUE_LABEL, None)
-    workdir_rel = relative_to_data(settings, launch.workdir)
+    relative_to_data(settings, launch.workdir)
     env = [
         {"name": k, "value": v} for k, v in sorted(launch.env.items()) if k != ENV_TOKEN
     ]
+    if not res.gpu:
+        # CPU-only: no GPU even on a GPU node whose runtime exposes all by default.
+        env += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"},
+                {"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
     env += [
         {
             "name": ENV_TOKEN,
@@ -153,12 +179,7 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
             "runAsNonRoot": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        # The shared store read-only (datasets, code snapshot); only the trial's own
-        # directory (artifacts) writable.
-        "volumeMounts": [
-            {"name": "data", "mountPath": str(settings.data_path), "readOnly": True},
-            {"name": "data", "mountPath": str(launch.workdir), "subPath": workdir_rel},
-        ],
+        "volumeMounts": data_mounts(settings, launch),
     }
     if res.workers > 1:
         container["ports"] = [{"name": "tf", "containerPort": TF_PORT}]

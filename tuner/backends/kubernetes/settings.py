@@ -12,6 +12,9 @@ cluster, set them yourself and point ``KUBECONFIG`` at a cluster.
 ``TUNEHUB_K8S_IMAGE``                trial image (default ``tunehub/trial:0.1.0``)
 ``TUNEHUB_K8S_DATA_CLAIM``           PersistentVolumeClaim of the shared data store,
                                      mounted at ``TUNEHUB_DATA`` (default ``tunehub-data``)
+``TUNEHUB_K8S_SHARED_SUBPATHS``     comma-separated directories of the data volume
+                                     trial pods see read-only (default ``datasets``);
+                                     besides them a pod sees only its own sweep
 ``TUNEHUB_K8S_GPU_TYPES``            JSON list, or the path of a YAML/JSON file holding
                                      it: ``[{"name": "a100", "product":
                                      "NVIDIA-A100-SXM4-80GB", "generation": 2,
@@ -78,6 +81,7 @@ class KubeSettings:
     data_path: Path
     image: str = "tunehub/trial:0.1.0"
     data_claim: str = "tunehub-data"
+    shared_subpaths: tuple[str, ...] = ("datasets",)
     gpu_types: tuple[GpuType, ...] = ()
     queue: str = ""
     priority_classes: Mapping[str, str] = field(
@@ -121,6 +125,7 @@ class KubeSettings:
             data_path=load_settings(dict(env)).data,
             image=env.get("TUNEHUB_K8S_IMAGE") or cls.image,
             data_claim=env.get("TUNEHUB_K8S_DATA_CLAIM") or cls.data_claim,
+            shared_subpaths=_subpaths(env.get("TUNEHUB_K8S_SHARED_SUBPATHS", "datasets")),
             gpu_types=_gpu_types(env.get("TUNEHUB_K8S_GPU_TYPES", "")),
             queue=env.get("TUNEHUB_K8S_QUEUE", ""),
             priority_classes=classes,
@@ -139,6 +144,15 @@ class KubeSettings:
             kubeconfig=kubeconfig,
             context=context,
         )
+
+
+def _subpaths(raw: str) -> tuple[str, ...]:
+    parts = tuple(p.strip().strip("/") for p in raw.split(",") if p.strip().strip("/"))
+    for p in parts:
+        if ".." in Path(p).parts or Path(p).is_absolute():
+            raise SpecError("TUNEHUB_K8S_SHARED_SUBPATHS",
+                            f"expected directories inside the data volume, got {p!r}")
+    return parts
 
 
 def _default_namespace(kubeconfig: str | None, context: str | None) -> str:
