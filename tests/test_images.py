@@ -392,7 +392,7 @@ IN_IMAGE = """
 import os, subprocess, sys
 
 image, entrypoint = os.environ["TRIAL_IMAGE"], os.environ["TRIAL_ENTRYPOINT"].split()
-home = os.environ["TUNEHUB_HOME"]  # the workdir links into the sweep's code snapshot there
+home = os.environ["SWEEPS_HOME"]  # the workdir links into the sweep's code snapshot there
 for path in (os.getcwd(), os.environ["TUNEHUB_ARTIFACT_DIR"]):
     os.chown(path, 1000, 100)  # what the pod's fsGroup does for its volume
 sdk = ("TUNEHUB_PARAMS", "TUNEHUB_API_URL", "TUNEHUB_TRIAL_ID", "TUNEHUB_TRIAL_ATTEMPT",
@@ -425,6 +425,9 @@ def test_trial_image_runs_trials_that_report_to_the_tuner(images: Images, sqlite
         "sampler": "random", "pruner": "none",
         "space": {"units": {"type": "int", "low": 16, "high": 64}},
         "promote": {"model": "digits-image", "policy": "always"},
+        # Trials see none of the platform's TUNEHUB_* variables: tunehub's home (where the code
+        # snapshot lies) is handed to the container runner under a name of its own.
+        "env": {"SWEEPS_HOME": str(sqlite_home.path)},
     }
     (code / "sweep.yaml").write_text(yaml.safe_dump(spec))
     sqlite_home.extra_env.update({

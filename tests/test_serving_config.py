@@ -79,7 +79,7 @@ def test_cli_promotions_move_the_stable_and_canary_labels(
 def test_api_promotion_moves_the_labels_only_for_the_owner(
     tuner_hub: TunerHub, db_url: str, tmp_path: Path
 ) -> None:
-    root = Path(tuner_hub.env["TUNEHUB_HOME"]) / "data" / "models"
+    root = tuner_hub.data / "models"
     config = root / CONFIG_NAME
     # The tuner writes the file when it starts, so TensorFlow Serving has one to read.
     assert served(config) == {}
