@@ -127,13 +127,18 @@ def patched(targets: list[tuple[object, str, str]], probe: Probe) -> Iterator[Pr
 
 
 def controller_probe() -> list[tuple[object, str, str]]:
-    """The controller's per-trial steps and Optuna's suggestion and tell inside them."""
+    """The controller's per-trial steps and Optuna's suggestion and tell inside them.
+
+    The suggestion is ``optuna.Study.ask`` (the sampler, on the controller's in-memory study);
+    the tell is the mirror's, which tells the database study and the memory one."""
     import optuna
+
+    from tuner.mirror import StudyMirror
 
     return [
         (SweepController, "_ask", "ask"),
         (SweepController, "_launch", "launch"),
         (SweepController, "_finish_trial", "tell"),
         (optuna.Study, "ask", "optuna_ask"),
-        (optuna.Study, "tell", "optuna_tell"),
+        (StudyMirror, "tell", "optuna_tell"),
     ]

@@ -200,7 +200,9 @@ class ScaleBenchmark(Benchmark):
             f"A {n:,}-trial sweep, trivial objective (2 floats, TPE multivariate with constant "
             f"liar, seed 1), parallelism {result['parallelism']}. tunehub's controller runs "
             "its real path (trial rows, working directories and logs, backend events, the "
-            "report route with its token check, Optuna ask/tell in the same database) on an "
+            "report route with its token check, Optuna's sampler on the controller's in-memory "
+            "study (`tuner/mirror.py`) and every trial written to the study in the same "
+            "database) on an "
             "**in-process backend whose trials finish the moment they launch** "
             "(`benchmarks/_instant.py`), so this isolates controller cost from process "
             "start-up. Peer: plain Optuna's ask/tell loop with the same sampler config and "
@@ -219,7 +221,8 @@ class ScaleBenchmark(Benchmark):
                 ("  of which controller `_ask`", th.get("ask_s")),
                 ("  of which `_launch`", th.get("launch_s")),
                 ("  of which `_finish_trial` (tell)", th.get("tell_s")),
-                ("  suggestion (`study.ask` inside `_ask`)", th.get("optuna_ask_s")),
+                ("  suggestion (`study.ask` on the in-memory study, inside `_ask`)",
+                 th.get("optuna_ask_s")),
                 ("plain Optuna per trial (ask+tell)", op.get("per_trial_s")),
                 ("  plain Optuna `study.ask`", op.get("ask_s")),
             ]

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import optuna
 from optuna.trial import TrialState
 from sqlalchemy import select
 
@@ -29,9 +28,10 @@ from tuner import metrics
 from tuner.backends._base import COLD, Backend, TrialEvent, TrialLaunch
 from tuner.db import TRIAL_FINISHED, Database, Sweep, Trial, TrialReport, utcnow
 from tuner.errors import Conflict, NotFound, TunehubError, Unauthorized
+from tuner.mirror import MirroredTrial, load_mirror
 from tuner.settings import Settings
 from tuner.spec import SweepSpec
-from tuner.study import complete_params, load_study, optuna_state, our_state
+from tuner.study import optuna_state, our_state
 from tuner.sweeps import controller_alive, sweep_dir, tell_quietly
 from tuner.trial import (
     ENV_API_URL,
@@ -59,7 +59,7 @@ class _Running:
     number: int
     attempt: int
     token_hash: str
-    optuna_trial: optuna.trial.Trial
+    optuna_trial: MirroredTrial
     artifact_dir: Path
     last_value: float | None = None
     last_step: int | None = None
@@ -187,7 +187,9 @@ class SweepController:
             if self.backend is None:
                 raise Conflict(f"sweep {sweep_id} needs the {sweep.backend} backend")
         self.dir = sweep_dir(engine.settings, sweep_id)
-        self.study = load_study(self.spec, self.study_name, self.db.url)
+        # The study in memory, kept in step with the database's: asks and should_prune never
+        # read the sweep's history back from the database (tuner.mirror).
+        self.study = load_mirror(self.spec, self.study_name, self.db.url)
 
     # --- ownership -----------------------------------------------------------------------
 
@@ -292,7 +294,7 @@ class SweepController:
         otrial = self.study.ask(self.spec.distributions())
         self.created += 1
         with self.db.session() as s:
-            row = self._new_row(otrial.number, otrial._trial_id, dict(otrial.params))
+            row = self._new_row(otrial.number, otrial.trial_id, otrial.params)
             s.add(row)
             s.flush()
             return row.id
@@ -350,7 +352,7 @@ class SweepController:
             number=number,
             attempt=attempt,
             token_hash=hash_token(token),
-            optuna_trial=optuna.trial.Trial(self.study, optuna_trial_id),
+            optuna_trial=self.study.trial(number, optuna_trial_id),
             artifact_dir=artifact_dir,
         )
         self.engine._track(trial_id, self)
@@ -550,7 +552,7 @@ class SweepController:
         # Asked from Optuna but the row was never written (the controller died inside ask):
         # adopt it as a pending trial with its parameters completed.
         orphans = {
-            ot.number: complete_params(self.study, ot._trial_id, self.spec.distributions())
+            ot.number: self.study.complete_params(ot.number, self.spec.distributions())
             for ot in otrials
             if ot.number not in known and ot.state == TrialState.RUNNING
         }
@@ -558,7 +560,8 @@ class SweepController:
             rows = list(s.scalars(select(Trial).where(Trial.sweep_id == self.sweep_id)))
             for ot in otrials:
                 if ot.number in orphans:
-                    row = self._new_row(ot.number, ot._trial_id, orphans[ot.number])
+                    row = self._new_row(ot.number, self.study.db_trial_id(ot.number),
+                                        orphans[ot.number])
                     s.add(row)
                     rows.append(row)
             s.flush()
@@ -596,7 +599,7 @@ class SweepController:
             number=row.number,
             attempt=row.attempts,
             token_hash=row.token_hash,
-            optuna_trial=optuna.trial.Trial(self.study, row.optuna_trial_id),
+            optuna_trial=self.study.trial(row.number, row.optuna_trial_id),
             artifact_dir=Path(row.artifact_dir or Path(row.workdir) / "artifacts"),
             last_value=row.value,
             last_step=row.last_step,

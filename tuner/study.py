@@ -122,15 +122,6 @@ def create_study(spec: SweepSpec, study_name: str, url: str) -> optuna.Study:
     )
 
 
-def load_study(spec: SweepSpec, study_name: str, url: str) -> optuna.Study:
-    return optuna.load_study(
-        study_name=study_name,
-        storage=storage_for(url),
-        sampler=make_sampler(spec),
-        pruner=make_pruner(spec),
-    )
-
-
 def complete_params(
     study: optuna.Study, trial_id: int, distributions: dict[str, BaseDistribution]
 ) -> dict[str, object]:

@@ -1,0 +1,203 @@
+"""The controller's in-memory study (tuner.mirror) against the database's, on SQLite and
+PostgreSQL: equal after asks, reports and tells, equal after a rebuild (a resume), the sampler
+sees every trial with its values, and an ask reads nothing whose size grows with the study."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import event
+
+from tuner.mirror import StudyMirror
+from tuner.spec import SweepSpec
+from tuner.study import create_study, storage_for
+
+
+def _spec(**extra: Any) -> SweepSpec:
+    return SweepSpec.from_dict({
+        "name": "mirror", "command": "python -c pass", "metric": "score", "trials": 100,
+        "parallelism": 2, "sampler": "tpe", "seed": 3,
+        "space": {
+            "x": {"type": "float", "low": 0.0, "high": 1.0},
+            "n": {"type": "int", "low": 1, "high": 8},
+            "act": {"type": "categorical", "choices": ["relu", "tanh"]},
+        },
+        **extra,
+    })
+
+
+@pytest.fixture
+def study(db_url: str) -> tuple[SweepSpec, str, str]:
+    spec = _spec(pruner={"type": "median", "min_trials": 1, "n_startup_trials": 2})
+    name = f"mirror-{uuid.uuid4().hex}"
+    create_study(spec, name, db_url)
+    yield spec, name, db_url
+    storage_for(db_url).engine.dispose()
+    storage_for.cache_clear()
+
+
+def _view(trials: list[FrozenTrial]) -> list[tuple[Any, ...]]:
+    """What a sampler or pruner reads of each trial."""
+    return [
+        (t.number, t.state, t.values, t.params, t.distributions, t.intermediate_values,
+         t.user_attrs, t.system_attrs)
+        for t in trials
+    ]
+
+
+def _db_trials(name: str, url: str) -> list[FrozenTrial]:
+    return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+
+
+def _play(mirror: StudyMirror, spec: SweepSpec) -> dict[int, int]:
+    """Completed, pruned, failed and still running trials, some with intermediate values."""
+    ids = {}
+    for i in range(8):
+        asked = mirror.ask(spec.distributions())
+        ids[asked.number] = asked.trial_id
+        trial = mirror.trial(asked.number, asked.trial_id)
+        for step in range(1, 1 + i % 3):
+            trial.report(0.1 * i + step, step)
+        if i % 4 == 0:
+            mirror.tell(asked.number, 0.5 + i)
+        elif i % 4 == 1:
+            mirror.tell(asked.number, state=TrialState.PRUNED)
+        elif i % 4 == 2:
+            mirror.tell(asked.number, state=TrialState.FAIL)
+    return ids  # i % 4 == 3: still running
+
+
+def test_mirror_equals_database_after_asks_reports_tells(study: tuple[SweepSpec, str, str]) -> None:
+    spec, name, url = study
+    mirror = StudyMirror(spec, name, url)
+    ids = _play(mirror, spec)
+    db = _db_trials(name, url)
+    assert _view(mirror.get_trials(deepcopy=False)) == _view(db)
+    assert {t.state for t in db} == {TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL,
+                                     TrialState.RUNNING}
+    assert any(t.intermediate_values for t in db if t.state == TrialState.RUNNING)
+    # The ids handed out are the database's own for those numbers.
+    assert all(mirror.db_trial_id(n) == trial_id for n, trial_id in ids.items())
+    assert all(set(t.params) == {"x", "n", "act"} for t in db)
+
+
+def test_rebuild_on_resume_equals_database_and_keeps_numbering(
+    study: tuple[SweepSpec, str, str],
+) -> None:
+    spec, name, url = study
+    _play(StudyMirror(spec, name, url), spec)
+    resumed = StudyMirror(spec, name, url)  # a new controller: built from the database
+    assert _view(resumed.get_trials(deepcopy=False)) == _view(_db_trials(name, url))
+    asked = resumed.ask(spec.distributions())
+    assert asked.number == 8
+    resumed.tell(7, 1.0)  # a trial the previous controller left running
+    resumed.trial(asked.number, asked.trial_id).report(0.3, 1)
+    assert _view(resumed.get_trials(deepcopy=False)) == _view(_db_trials(name, url))
+
+
+def test_another_writer_is_caught_by_a_rebuild(study: tuple[SweepSpec, str, str]) -> None:
+    """Numbers must agree: a trial created behind the mirror's back is picked up, and the
+    next trial gets the database's number."""
+    spec, name, url = study
+    mirror = StudyMirror(spec, name, url)
+    mirror.ask(spec.distributions())
+    optuna.load_study(study_name=name, storage=url).ask()
+    asked = mirror.ask(spec.distributions())
+    assert asked.number == 2 and mirror.db_trial_id(2) == asked.trial_id
+    assert _view(mirror.get_trials(deepcopy=False)) == _view(_db_trials(name, url))
+
+
+class _Recording(optuna.samplers.RandomSampler):
+    """Notes what the study it samples for holds."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.seen: list[list[tuple[Any, ...]]] = []
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.seen.append(_view(study.get_trials(deepcopy=False)))
+
+
+def test_sampler_sees_every_trial_with_its_values(study: tuple[SweepSpec, str, str]) -> None:
+    spec, name, url = study
+    _play(StudyMirror(spec, name, url), spec)
+    sampler = _Recording()
+    mirror = StudyMirror(spec, name, url, sampler=sampler)
+    mirror.ask(spec.distributions())
+    db = _view(_db_trials(name, url))
+    # Sampling the new trial (number 8), the sampler saw the database's 8 earlier trials as
+    # they are: completed, pruned and failed with their values, running with their
+    # intermediate values.
+    assert sampler.seen and sampler.seen[0][:8] == db[:8]
+    assert sampler.seen[0][8][:2] == (8, TrialState.RUNNING)
+
+
+def test_pruner_decides_on_the_reports(study: tuple[SweepSpec, str, str]) -> None:
+    spec, name, url = study
+    mirror = StudyMirror(spec, name, url)
+    for value in (0.9, 0.8):
+        asked = mirror.ask(spec.distributions())
+        mirror.trial(asked.number, asked.trial_id).report(value, 1)
+        mirror.tell(asked.number, value)
+    weak = mirror.ask(spec.distributions())
+    trial = mirror.trial(weak.number, weak.trial_id)
+    trial.report(0.1, 1)
+    assert trial.should_prune()  # maximize: 0.1 is below the median of 0.9 and 0.8
+    strong = mirror.ask(spec.distributions())
+    trial = mirror.trial(strong.number, strong.trial_id)
+    trial.report(0.95, 1)
+    assert not trial.should_prune()
+
+
+def test_orphan_parameters_are_completed_in_both(study: tuple[SweepSpec, str, str]) -> None:
+    """A trial an earlier controller created without parameters (killed inside ask)."""
+    spec, name, url = study
+    optuna.load_study(study_name=name, storage=url).ask()
+    mirror = StudyMirror(spec, name, url)
+    params = mirror.complete_params(0, spec.distributions())
+    assert set(params) == {"x", "n", "act"}
+    assert _db_trials(name, url)[0].params == params
+    assert _view(mirror.get_trials(deepcopy=False)) == _view(_db_trials(name, url))
+
+
+def _statements_per_ask(mirror: StudyMirror, spec: SweepSpec, url: str) -> list[str]:
+    statements: list[str] = []
+
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    engine = storage_for(url).engine
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        asked = mirror.ask(spec.distributions())
+        trial = mirror.trial(asked.number, asked.trial_id)
+        trial.report(0.5, 1)
+        trial.should_prune()
+        mirror.tell(asked.number, 0.5)
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    return statements
+
+
+def test_a_trial_reads_the_same_whatever_the_history(study: tuple[SweepSpec, str, str]) -> None:
+    """The cost that grew with the sweep was reading the whole study per ask: the database
+    statements of one trial's ask, report, should_prune and tell are the same after 12 trials
+    (TPE past its 10 random startup trials) and after 50, and none reads the study's
+    trials."""
+    spec, name, url = study
+    mirror = StudyMirror(spec, name, url)
+    for _ in range(12):
+        _statements_per_ask(mirror, spec, url)
+    early = _statements_per_ask(mirror, spec, url)
+    for _ in range(36):
+        _statements_per_ask(mirror, spec, url)
+    late = _statements_per_ask(mirror, spec, url)
+    assert late == early
+    whole_study = [s for s in late if "FROM trials" in s and "trials.study_id = " in s
+                   and "trials.number = " not in s and "trials.trial_id < " not in s]
+    assert whole_study == []
+    assert len(mirror.get_trials(deepcopy=False)) == 50 == len(_db_trials(name, url))
