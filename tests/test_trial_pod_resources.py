@@ -59,3 +59,11 @@ def test_ephemeral_storage_from_the_chart(tmp_path: Path) -> None:
     assert set(res["limits"]) <= covered | {"nvidia.com/gpu"}
     assert "ephemeral-storage" not in trial_job(tmp_path / "x", 1)["spec"]["template"][
         "spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_trial_container_keeps_the_images_entrypoint(tmp_path: Path) -> None:
+    """The trial image's entrypoint is tini (signals reach Python through the shell); a
+    container ``command`` would replace it, so the trial's shell line goes in ``args``."""
+    container = trial_job(tmp_path, 0)["spec"]["template"]["spec"]["containers"][0]
+    assert "command" not in container
+    assert container["args"] == ["/bin/sh", "-c", "true"]

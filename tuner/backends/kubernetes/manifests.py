@@ -166,7 +166,10 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "trial",
         "image": settings.image,
-        "command": ["/bin/sh", "-c", command],
+        # args, not command: the image's entrypoint (tini -g -- in tunehub's trial image) stays
+        # PID 1 and forwards the kubelet's SIGTERM to the trial's whole process group, so
+        # Python gets it through the shell.
+        "args": ["/bin/sh", "-c", command],
         "workingDir": str(launch.workdir),
         "env": env,
         "resources": {
