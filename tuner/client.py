@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from tuner.errors import Conflict, Forbidden, NotFound, TunehubError, Unauthorized
+from tuner.run_function import COMMAND as FUNCTION_COMMAND
 from tuner.spec import SpecError, SweepSpec
 from tuner.study import OPTUNA_STATES
 
@@ -98,7 +99,7 @@ class Sweep:
 
             if data.get("command"):
                 raise SpecError("command", "give either a command or a function")
-            data["command"] = "python -m tuner.run_function objective.pkl"
+            data["command"] = FUNCTION_COMMAND
             body["function"] = base64.b64encode(cloudpickle.dumps(function)).decode()
         elif data.get("code") is None and data.get("command"):
             data["code"] = os.getcwd()  # the notebook's directory, like a spec file's

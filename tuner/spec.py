@@ -22,6 +22,7 @@ from tuner.errors import TunehubError
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
 PRUNERS = ("none", "median", "hyperband", "asha")
 DIRECTIONS = ("maximize", "minimize")
+#: A sweep's promotion policy for the version it registers (see tuner.registry.Registry).
 POLICIES = ("if-better", "always", "never")
 PRIORITIES = ("low", "normal", "high")
 
@@ -60,7 +61,9 @@ MAX_PARAM = 2.0**53  # exact in a float; a range must also have a finite width
 MAX_TIMEOUT = 366 * 24 * 3600.0
 MAX_CPU = 10_000.0
 
-_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
+#: Sweep and model names: a DNS label of at most 48 characters, so a name fits Kubernetes object
+#: names, Optuna study names and TensorFlow Serving's model directories as it is.
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 _ENV_ASSIGNMENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 _DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
@@ -313,7 +316,7 @@ def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
             raise SpecError(key, "is required")
 
     name = data["name"]
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.match(name):
         raise SpecError(
             "name",
             "expected lowercase letters, digits and '-', starting and ending with a letter "
@@ -630,7 +633,7 @@ def _promote(raw: Any) -> Promote | None:
         raise SpecError("promote", "expected a mapping with model and policy")
     _no_unknown(raw, {"model", "policy"}, prefix="promote.")
     model = raw.get("model")
-    if not isinstance(model, str) or not _NAME_RE.match(model):
+    if not isinstance(model, str) or not NAME_RE.match(model):
         raise SpecError(
             "promote.model",
             f"expected a model name of lowercase letters, digits and '-', got {model!r}",

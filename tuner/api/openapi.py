@@ -13,6 +13,7 @@ from tornado.web import RequestHandler
 
 from tuner.api.auth import READ, SUBMIT
 from tuner.api.base import MAX_ID
+from tuner.registry import ARCHIVED, STAGES
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _WHY = {
@@ -160,7 +161,7 @@ SCHEMAS: dict[str, Any] = {
         "model": {"type": "string"},
         "version": {"type": "integer"},
         "owner": {"type": "string"},
-        "stage": _nullable("string", enum=["production", "canary", "archived", None]),
+        "stage": _nullable("string", enum=[*STAGES, ARCHIVED, None]),
         "path": {"type": "string"},
         "metric": {"type": "string"},
         "direction": {"type": "string"},
@@ -175,7 +176,7 @@ SCHEMAS: dict[str, Any] = {
     }),
     "PromoteRequest": {
         "type": "object",
-        "properties": {"stage": {"type": "string", "enum": ["production", "canary"]}},
+        "properties": {"stage": {"type": "string", "enum": list(STAGES)}},
     },
     "Report": {
         "type": "object",
