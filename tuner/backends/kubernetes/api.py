@@ -14,6 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.errors import TunehubError
+from tuner.gpu_names import GpuNames
 
 WATCH_SECONDS = 300  # server-side timeout of one watch request; the watch then resumes
 
@@ -209,9 +210,9 @@ class Kube:
 
     # --- what check() reads -------------------------------------------------------------
 
-    async def node_gpus(self) -> list[tuple[str, int]] | None:
-        """``(gpu product label, allocatable nvidia.com/gpu)`` per node; None if the tuner
-        may not list Nodes (a namespaced Role)."""
+    async def node_gpus(self, names: GpuNames) -> list[tuple[str, int]] | None:
+        """``(gpu product label, allocatable GPUs)`` per node, by the cluster's GPU ``names``;
+        None if the tuner may not list Nodes (a namespaced Role)."""
         try:
             nodes = await self._json(self.core.list_node(_preload_content=False))
         except ApiException as exc:
@@ -222,10 +223,10 @@ class Kube:
         for node in nodes.get("items") or []:
             status = node.get("status") or {}
             alloc = (status.get("allocatable") or status.get("capacity") or {}).get(
-                "nvidia.com/gpu", "0"
+                names.resource, "0"
             )
             product = (node.get("metadata") or {}).get("labels", {}).get(
-                "nvidia.com/gpu.product", ""
+                names.product_label, ""
             )
             try:
                 out.append((product, int(str(alloc))))
