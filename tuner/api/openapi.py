@@ -13,6 +13,7 @@ from tornado.web import RequestHandler
 
 from tuner.api.auth import READ, SUBMIT
 from tuner.api.base import MAX_ID
+from tuner.backends import BACKENDS
 from tuner.registry import ARCHIVED, STAGES
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -88,7 +89,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["spec"],
         "properties": {
             "spec": {"type": "object", "description": "the sweep spec (README, DESIGN.md)"},
-            "backend": {"type": "string", "enum": ["local", "kubernetes"]},
+            "backend": {"type": "string", "enum": list(BACKENDS)},
             "function": {
                 "type": "string",
                 "description": "base64 cloudpickle of a callable(params) -> float, instead of "

@@ -13,7 +13,6 @@ without an active system user gets a failed attempt with the reason, never a roo
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import shlex
 import signal
@@ -33,22 +32,14 @@ from tuner.backends._base import (
 )
 from tuner.backends.gpus import GpuPool, discover_gpus
 from tuner.backends.multiworker import SIBLING_GRACE_SECONDS, free_ports, tf_config, worker_log
+from tuner.backends.parent_death import die_with_parent as _die_with_parent
 from tuner.backends.warm import Zygote, preload_for
 from tuner.backends.zygote import warm_argv
 from tuner.spec import Resources, SpecError, SweepSpec
 from tuner.trial import ENV_ARTIFACT_DIR
 
 _SHELL_CHARS = set(";&|<>$`(){}*?~\n")
-_PR_SET_PDEATHSIG = 1
 KILL_GRACE_SECONDS = 5.0
-
-
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: SIGKILL me when my parent dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def command_argv(command: str) -> list[str]:

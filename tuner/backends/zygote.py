@@ -14,7 +14,6 @@ Run as ``python -m tuner.backends.zygote FD MODULE[,MODULE...]``.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
@@ -27,14 +26,7 @@ import sys
 import traceback
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+from tuner.backends.parent_death import die_with_parent as _die_with_parent
 
 
 def warm_argv(argv: list[str], python: str) -> list[str] | None:
