@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -21,7 +21,8 @@ from tuner.errors import TunehubError
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
 PRUNERS = ("none", "median", "hyperband", "asha")
-DIRECTIONS = ("maximize", "minimize")
+Direction = Literal["maximize", "minimize"]  # as Optuna's create_study takes it
+DIRECTIONS: tuple[Direction, ...] = ("maximize", "minimize")
 POLICIES = ("if-better", "always", "never")
 PRIORITIES = ("low", "normal", "high")
 
@@ -129,7 +130,7 @@ class SweepSpec:
     command: str
     metric: str
     space: Mapping[str, Param]
-    direction: str = "maximize"
+    direction: Direction = "maximize"
     trials: int = 20
     parallelism: int = 1
     sampler: str = "tpe"
@@ -443,7 +444,12 @@ def _str(data: Mapping[str, Any], key: str) -> str:
     return value
 
 
-def _choice(data: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+_Choice = TypeVar("_Choice", bound=str)
+
+
+def _choice(
+    data: Mapping[str, Any], key: str, choices: tuple[_Choice, ...], default: _Choice
+) -> _Choice:
     value = data.get(key, default)
     if value is None:
         value = default

@@ -71,7 +71,7 @@ class UserHandler(HubOAuthenticated, JsonHandler):
         self.hub_auth = ctx.hub_auth
 
     @property
-    def hub_scopes(self) -> None:  # type: ignore[override]
+    def hub_scopes(self) -> None:
         # Any identified hub user passes the mixin; our scopes are checked in prepare so the
         # caller gets a JSON reason.
         return None

@@ -18,7 +18,7 @@ class IndexHandler(HubOAuthenticated, RequestHandler):
         self.web_dir = web_dir
 
     @property
-    def hub_scopes(self) -> None:  # type: ignore[override]
+    def hub_scopes(self) -> None:
         return None
 
     @authenticated
