@@ -8,6 +8,7 @@ here first, with the same messages as the service.
 from __future__ import annotations
 
 import base64
+import builtins  # `list` names a method of a class below: its annotations say builtins.list
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -146,7 +147,7 @@ class Sweep:
             f"completed, best {d['metric']}={d['best_value']}>"
         )
 
-    def trial_list(self) -> list[dict[str, Any]]:
+    def trial_list(self) -> builtins.list[dict[str, Any]]:
         return list(self.client.request("GET", f"sweeps/{self.id}/trials"))
 
     def trials(self) -> Any:
@@ -187,7 +188,7 @@ class Sweep:
         self._data = self.client.request("POST", f"sweeps/{self.id}/resume")
         return self
 
-    def model_versions(self) -> list[dict[str, Any]]:
+    def model_versions(self) -> builtins.list[dict[str, Any]]:
         model = ((self._data.get("spec") or {}).get("promote") or {}).get("model")
         if not model:
             return []

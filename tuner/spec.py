@@ -39,6 +39,7 @@ from tuner.spec_values import (
     PRUNERS,
     SAMPLERS,
     CategoricalParam,
+    Direction,
     FloatParam,
     IntParam,
     Param,
@@ -246,7 +247,7 @@ class SweepSpec:
     name: str = _spec_field(_read_name, required=True)
     command: str = _spec_field(_read_command, required=True)
     metric: str = _spec_field(_read_metric, required=True)
-    direction: str = _spec_field(_one_of(DIRECTIONS), "maximize")
+    direction: Direction = _spec_field(_one_of(DIRECTIONS), "maximize")
     trials: int = _spec_field(_integer(minimum=1), 20)
     parallelism: int = _spec_field(_integer(minimum=1, maximum=MAX_PARALLELISM), 1)
     sampler: str = _spec_field(_one_of(SAMPLERS), "tpe")

@@ -20,7 +20,8 @@ from tuner.errors import TunehubError
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
 PRUNERS = ("none", "median", "hyperband", "asha")
-DIRECTIONS = ("maximize", "minimize")
+Direction = Literal["maximize", "minimize"]  # as Optuna's create_study takes it
+DIRECTIONS: tuple[Direction, ...] = ("maximize", "minimize")
 #: A sweep's promotion policy for the version it registers (see tuner.registry.Registry).
 POLICIES = ("if-better", "always", "never")
 PRIORITIES = ("low", "normal", "high")

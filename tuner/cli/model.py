@@ -14,7 +14,7 @@ from tuner.registry import STAGES, Registry
 from tuner.serialize import model_version_view
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("model", help="the model registry")
     s = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
 

@@ -28,7 +28,7 @@ from tuner.sweeps import sweep_dir
 FINISHED = ("completed", "failed", "cancelled")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sweep", help="run and inspect hyperparameter sweeps")
     s = p.add_subparsers(dest="sweep_command", metavar="SUBCOMMAND", required=True)
 

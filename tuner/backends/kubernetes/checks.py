@@ -62,7 +62,7 @@ async def _check_cluster(s: KubeSettings, spec: SweepSpec) -> None:
             ) from None
         gpu = s.gpu_type(res.gpu_type) if res.gpu_type else None
         if res.gpu_type and gpu is None:
-            known = {p for p, _ in nodes or [] if p}
+            known: set[str] = {p for p, _ in nodes or [] if p}
             if res.gpu_type not in known:
                 offered = ", ".join(g.name for g in s.gpu_types) or ", ".join(sorted(known))
                 raise SpecError(

@@ -138,7 +138,7 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     pod_labels = {**meta_labels, **settings.pod_labels}
     pod_labels.pop(QUEUE_LABEL, None)
     relative_to_data(settings, launch.workdir)
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": k, "value": v} for k, v in sorted(launch.env.items()) if k != ENV_TOKEN
     ]
     if not res.gpu:
