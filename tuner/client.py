@@ -18,7 +18,6 @@ import httpx
 
 from tuner.errors import Conflict, Forbidden, NotFound, TunehubError, Unauthorized
 from tuner.spec import SpecError, SweepSpec
-from tuner.study import OPTUNA_STATES
 
 FINISHED = ("completed", "failed", "cancelled")
 _ERRORS: dict[int, type[TunehubError]] = {
@@ -249,6 +248,8 @@ class Sweep:
     def plot(self) -> dict[str, Any]:
         """Optuna's optimisation history and parameter importances (plotly figures)."""
         import optuna
+
+        from tuner.study import OPTUNA_STATES
 
         self.refresh()
         spec = SweepSpec.from_dict(self._data["spec"])

@@ -11,8 +11,8 @@ from typing import Any
 
 from tornado.web import RequestHandler
 
-from tuner.api.auth import READ, SUBMIT
 from tuner.api.base import MAX_ID
+from tuner.scopes import READ, SUBMIT
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _WHY = {
