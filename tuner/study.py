@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import uuid
 
 import optuna
 from optuna.distributions import (
@@ -111,8 +112,33 @@ def storage_for(url: str) -> RDBStorage:
     return RDBStorage(url, engine_kwargs=engine_kwargs(url))
 
 
-def create_study(spec: SweepSpec, study_name: str, url: str) -> optuna.Study:
-    return optuna.create_study(
+#: The study's user attributes that say whose sweep it is and which: optuna-dashboard opened on
+#: tunehub's database (or ``optuna.load_study(...).user_attrs``) shows them beside the results.
+OWNER_ATTR, SWEEP_ID_ATTR, SWEEP_NAME_ATTR = "owner", "sweep_id", "sweep_name"
+#: Room for a study name in the sweep row's ``study_name`` column.
+STUDY_NAME_LENGTH = 128
+
+
+def new_study_name(spec: SweepSpec, owner: str) -> str:
+    """A unique study name a person can read in optuna-dashboard's list:
+    ``<owner>/<sweep name>/<random>``.
+
+    The sweep's id cannot be in it: the study is created before the sweep's row (a controller
+    may load the study as soon as the row exists), so the id becomes a user attribute later
+    (:func:`record_sweep_id`). The name is never derived again: every lookup reads the sweep
+    row's ``study_name`` column, so studies named ``tunehub-<hex>`` by earlier versions keep
+    working as they are."""
+    suffix = uuid.uuid4().hex[:16]
+    room = STUDY_NAME_LENGTH - len(spec.name) - len(suffix) - 2
+    return f"{owner[:room]}/{spec.name}/{suffix}"
+
+
+def create_study(
+    spec: SweepSpec, study_name: str, url: str, owner: str | None = None
+) -> optuna.Study:
+    """The sweep's study in tunehub's database, with ``owner`` and the sweep's name as user
+    attributes when an owner is given."""
+    study = optuna.create_study(
         study_name=study_name,
         storage=storage_for(url),
         sampler=make_sampler(spec),
@@ -120,6 +146,18 @@ def create_study(spec: SweepSpec, study_name: str, url: str) -> optuna.Study:
         direction=spec.direction,
         load_if_exists=True,
     )
+    if owner is not None:
+        study.set_user_attr(OWNER_ATTR, owner)
+        study.set_user_attr(SWEEP_NAME_ATTR, spec.name)
+    return study
+
+
+def record_sweep_id(study_name: str, url: str, sweep_id: int) -> None:
+    """Name the sweep a study belongs to, once the sweep's row exists."""
+    study = optuna.load_study(
+        study_name=study_name, storage=storage_for(url), sampler=optuna.samplers.RandomSampler()
+    )
+    study.set_user_attr(SWEEP_ID_ATTR, sweep_id)
 
 
 def complete_params(
