@@ -22,6 +22,7 @@ from optuna.samplers import BaseSampler
 from optuna.storages import RDBStorage
 
 from tuner.db.engine import engine_kwargs
+from tuner.optuna_adapter import GridSampler, trial_for
 from tuner.pruning import EnoughTrialsPruner, default_min_trials
 from tuner.spec import OUR_PRUNER_OPTIONS, SpecError, SweepSpec
 
@@ -32,15 +33,6 @@ def check_sampler_available(spec: SweepSpec) -> None:
     """Optuna's GP sampler runs on PyTorch; say so at submission rather than mid-sweep."""
     if spec.sampler == "gp" and importlib.util.find_spec("torch") is None:
         raise SpecError("sampler", "gp needs PyTorch: pip install 'tunehub[gp]'")
-
-
-class GridSampler(optuna.samplers.GridSampler):
-    """Optuna's grid sampler without its ``study.stop()`` (only legal inside
-    ``study.optimize``); the controller stops at ``trials``, which submission caps at the grid
-    size."""
-
-    def after_trial(self, study, trial, state, values) -> None:  # type: ignore[no-untyped-def]
-        return None
 
 
 def check_grid_size(spec: SweepSpec) -> None:
@@ -166,7 +158,7 @@ def complete_params(
     """The parameters of a trial Optuna created but did not finish suggesting for (its
     controller died inside ``study.ask``): the missing ones are suggested now, the way
     ``ask`` would have, so the trial keeps its number and runs with a full set."""
-    trial = optuna.trial.Trial(study, trial_id)
+    trial = trial_for(study, trial_id)
     for name, dist in distributions.items():
         if isinstance(dist, FloatDistribution):
             trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
