@@ -7,6 +7,7 @@ so a check that could never fail is caught too.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -87,3 +88,45 @@ def test_notebook_client_loads_optuna_only_for_a_plot(tmp_path: Path) -> None:
     assert seen["import"] == []
     assert seen["session"] == []
     assert "optuna" in seen["plot"]
+
+
+def _environment_reads(path: Path) -> set[str]:
+    """The ``TUNEHUB_*`` names a module reads from a mapping (``env.get(X)``,
+    ``os.environ[X]``, ``os.getenv(X)``, ``environ.pop(X)``), literally or through a constant of
+    its own (``ENV_DATA = "TUNEHUB_DATA"``)."""
+    tree = ast.parse(path.read_text())
+    constants = {
+        target.id: node.value.value
+        for node in tree.body if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for target in node.targets if isinstance(target, ast.Name)
+    }
+
+    def name_of(key: ast.expr) -> str | None:
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            return key.value
+        return constants.get(key.id) if isinstance(key, ast.Name) else None
+
+    keys: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("get", "getenv", "pop") and node.args):
+            keys.append(node.args[0])
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            keys.append(node.slice)
+    return {n for n in map(name_of, keys) if n and n.startswith("TUNEHUB_")}
+
+
+def test_only_settings_reads_where_state_lives() -> None:
+    """``tuner/settings.py``'s promise: the state variables are read there (and by the trial
+    SDK's ``data_dir``, which falls back to it), nowhere else."""
+    from tuner.settings import STATE_VARS
+
+    readers: dict[str, set[str]] = {}
+    for path in sorted([*(REPO / "tuner").rglob("*.py"), *(REPO / "hub").rglob("*.py"),
+                        REPO / "jupyterhub_config.py"]):
+        for name in _environment_reads(path) & set(STATE_VARS):
+            readers.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    assert readers.pop("TUNEHUB_DATA") == {"tuner/settings.py", "tuner/trial.py"}
+    assert readers == {name: {"tuner/settings.py"} for name in STATE_VARS
+                       if name != "TUNEHUB_DATA"}
