@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from pathlib import Path
 
 import optuna
@@ -42,6 +43,14 @@ def test_installed_optuna_is_in_the_declared_range() -> None:
     )
     readme = (REPO / "README.md").read_text()
     assert f"`{declared}`" in readme, "the README states the tested Optuna range"
+
+
+def test_tpe_arguments_we_pass_are_stable() -> None:
+    """Every TPE sweep passes ``multivariate`` and ``constant_liar`` (``tuner.study``); before
+    Optuna 5.0 both were experimental and warned on every sweep."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", optuna.exceptions.ExperimentalWarning)
+        optuna.samplers.TPESampler(seed=0, multivariate=True, constant_liar=True)
 
 
 def test_grid_sampler_override_only_drops_the_stop() -> None:
