@@ -20,7 +20,6 @@ import httpx
 from tuner.errors import Conflict, Forbidden, NotFound, TunehubError, Unauthorized
 from tuner.run_function import COMMAND as FUNCTION_COMMAND
 from tuner.spec import SpecError, SweepSpec
-from tuner.study import OPTUNA_STATES
 
 FINISHED = ("completed", "failed", "cancelled")
 _ERRORS: dict[int, type[TunehubError]] = {
@@ -251,6 +250,8 @@ class Sweep:
     def plot(self) -> dict[str, Any]:
         """Optuna's optimisation history and parameter importances (plotly figures)."""
         import optuna
+
+        from tuner.study import OPTUNA_STATES
 
         self.refresh()
         spec = SweepSpec.from_dict(self._data["spec"])

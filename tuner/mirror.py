@@ -14,9 +14,10 @@ proposes it there) and then in the database with the same number, params, distri
 attributes. If the numbers ever disagree (something else wrote to the study), the mirror is
 rebuilt from the database rather than trusted.
 
-Optuna is used only through public API: ``Study.ask``/``tell``/``add_trials``, ``Trial``,
-and the storages' ``BaseStorage`` methods for what ``Study`` does not offer (the trial id a
-new trial gets, a parameter completed after a crash).
+Optuna is used through ``Study.ask``/``tell``/``add_trials``, and for what ``Study`` does not
+offer (the trial id a new trial gets, a parameter completed after a crash) through trial handles
+and the storages' ``BaseStorage`` methods: the seams :mod:`tuner.optuna_adapter` lists and its
+canary test pins.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage, InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.optuna_adapter import trial_for
 from tuner.spec import SweepSpec
 from tuner.study import complete_params, make_pruner, make_sampler, storage_for
 
@@ -63,7 +65,7 @@ class MirroredTrial:
     def _trials(self) -> tuple[optuna.trial.Trial, optuna.trial.Trial]:
         if self._memory is None or self._db is None:
             self._memory = self.mirror.memory_trial(self.number)
-            self._db = optuna.trial.Trial(self.mirror.db, self.trial_id)
+            self._db = trial_for(self.mirror.db, self.trial_id)
         return self._memory, self._db
 
     def report(self, value: float, step: int) -> None:
@@ -170,7 +172,7 @@ class StudyMirror:
         )
 
     def memory_trial(self, number: int) -> optuna.trial.Trial:
-        return optuna.trial.Trial(self.memory, self.memory_trial_id(number))
+        return trial_for(self.memory, self.memory_trial_id(number))
 
     def complete_params(
         self, number: int, distributions: dict[str, BaseDistribution]

@@ -1,5 +1,5 @@
 """Who is calling: JupyterHub tokens and the hub's OAuth cookie, checked with HubAuth, and
-tunehub's custom scopes.
+tunehub's custom scopes (named in :mod:`tuner.scopes`).
 
 ``custom:tuner:read`` lets a caller see their own sweeps and models, ``custom:tuner:submit``
 lets them change them, ``custom:tuner:admin`` extends both to everyone's, and
@@ -20,21 +20,11 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
 
 from tuner.api.base import JsonHandler
 from tuner.errors import Forbidden, Unauthorized
+from tuner.scopes import ADMIN, HIGH_PRIORITY, READ, SUBMIT
 from tuner.sweeps import Actor
 
 if TYPE_CHECKING:
     from tuner.api.context import ServiceContext
-
-READ = "custom:tuner:read"
-SUBMIT = "custom:tuner:submit"
-ADMIN = "custom:tuner:admin"
-HIGH_PRIORITY = "custom:tuner:priority-high"
-SCOPES = {
-    READ: "See your sweeps, trials and models in the tuner.",
-    SUBMIT: "Submit, cancel and resume your sweeps; promote your models.",
-    ADMIN: "See and change every user's sweeps and models.",
-    HIGH_PRIORITY: "Submit sweeps with priority: high.",
-}
 
 
 class _HubIdentity(TypedDict):

@@ -11,10 +11,10 @@ from typing import Any
 
 from tornado.web import RequestHandler
 
-from tuner.api.auth import READ, SUBMIT
 from tuner.api.base import MAX_ID
 from tuner.backends import BACKENDS
 from tuner.registry import ARCHIVED, STAGES
+from tuner.scopes import READ, SUBMIT
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _WHY = {

@@ -33,8 +33,8 @@ from tuner.backends._base import (
 from tuner.backends.gpus import GpuPool, discover_gpus
 from tuner.backends.multiworker import SIBLING_GRACE_SECONDS, free_ports, tf_config, worker_log
 from tuner.backends.parent_death import die_with_parent as _die_with_parent
-from tuner.backends.warm import Zygote, preload_for
-from tuner.backends.zygote import warm_argv
+from tuner.backends.warm import preload_for, warm_argv
+from tuner.backends.zygote import Zygote
 from tuner.spec import Resources, SpecError, SweepSpec
 from tuner.trial import ENV_ARTIFACT_DIR
 
@@ -105,7 +105,7 @@ class LocalBackend(Backend):
     """Runs attempts as processes of this machine.
 
     ``python script.py`` / ``python -m module`` trials start warm by default: forked from a
-    process that already imported TensorFlow (see :mod:`tuner.backends.zygote`). Set
+    process that already imported TensorFlow (see :mod:`tuner.backends.zygote_process`). Set
     ``TUNEHUB_WARM_START=0`` for a cold process per trial.
     """
 
