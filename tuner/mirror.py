@@ -31,6 +31,7 @@ from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage, InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.sampling_view import BoundedTPE
 from tuner.spec import SweepSpec
 from tuner.study import complete_params, make_pruner, make_sampler, storage_for
 
@@ -93,7 +94,9 @@ class StudyMirror:
             pruner=optuna.pruners.NopPruner(),
         )
         self._db_study_id = self._storage.get_study_id_from_name(study_name)
-        self.sampler = sampler or make_sampler(spec)
+        # TPE samples on a bounded view of the study (tuner.sampling_view): its cost per ask
+        # stops growing with the sweep.
+        self.sampler = sampler or bounded(make_sampler(spec), spec.seed)
         self.pruner = make_pruner(spec)
         self.memory: optuna.Study
         self._memory_storage: InMemoryStorage
@@ -116,6 +119,8 @@ class StudyMirror:
             self.memory.study_name
         )
         self.memory.add_trials(trials)
+        if isinstance(self.sampler, BoundedTPE):
+            self.sampler.load(self._memory_storage, trials, self.memory.direction)
         log.debug("study %s mirrored: %d trials", self.db.study_name, len(trials))
 
     # --- the controller's calls ----------------------------------------------------------
@@ -186,6 +191,14 @@ class StudyMirror:
                 dist = distributions[name]
                 self._storage.set_trial_param(db_id, name, dist.to_internal_repr(value), dist)
         return params
+
+
+def bounded(sampler: BaseSampler, seed: int | None) -> BaseSampler:
+    """TPE behind its bounded view; other samplers as they are (random and grid read no
+    history; CMA-ES keeps its own state; GP is meant for small budgets)."""
+    if isinstance(sampler, optuna.samplers.TPESampler):
+        return BoundedTPE(sampler, seed)
+    return sampler
 
 
 def load_mirror(spec: SweepSpec, study_name: str, url: str) -> StudyMirror:
