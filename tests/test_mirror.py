@@ -230,3 +230,40 @@ def test_a_controller_loads_its_study_off_the_event_loop(
     assert run.state == "completed"
     loads = [r for r in caplog.records if "mirrored" in r.getMessage()]
     assert loads and all(r.thread != threading.get_ident() for r in loads)
+
+
+def test_reports_and_tells_write_without_reading_the_trial_back(
+    study: tuple[SweepSpec, str, str],
+) -> None:
+    """A report is one insert of the intermediate value and a tell one update of the trial's
+    state with its value: neither reads the trial's parameters and attributes back from the
+    database (``Study.tell``/``Trial.report`` on the database study read the whole trial one to
+    three times per call)."""
+    spec, name, url = study
+    mirror = StudyMirror(spec, name, url)
+    asked = mirror.ask(spec.distributions())
+    trial = mirror.trial(asked.number, asked.trial_id)
+    statements: list[str] = []
+
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(" ".join(statement.split()))
+
+    engine = storage_for(url).engine
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        trial.report(0.5, 1)
+        trial.report(0.7, 1)  # a step already reported: Optuna keeps the first, no write
+        trial.report(0.6, 2)
+        mirror.tell(asked.number, 0.6)
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    writes = [s.split(" SET ")[0].split(" (")[0] for s in statements
+              if not s.startswith("SELECT")]
+    assert writes == ["INSERT INTO trial_intermediate_values"] * 2 + [
+        "UPDATE trials", "INSERT INTO trial_values"]
+    whole_trial = [s for s in statements if s.startswith("SELECT") and any(
+        f"FROM {table}" in s for table in ("trial_params", "trial_system_attributes",
+                                           "trial_user_attributes"))]
+    assert whole_trial == []
+    assert len(statements) <= 10
+    assert _view(mirror.get_trials(deepcopy=False)) == _view(_db_trials(name, url))
