@@ -87,6 +87,7 @@ def run_tunehub(home: Path, url: str, trials: int, profile: Path | None) -> dict
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
         profile.with_suffix(".txt").write_text(out.getvalue())
+    memory = mirror_memory(spec, url, run.sweep_id)
     ask, launch, tell = probe.seconds("ask"), probe.seconds("launch"), probe.seconds("tell")
     per_trial = [a + b + c for a, b, c in zip(ask, launch, tell, strict=False)]
     finishes = [start + d for start, d in probe.calls.get("tell", [])]
@@ -103,7 +104,45 @@ def run_tunehub(home: Path, url: str, trials: int, profile: Path | None) -> dict
         "finish_times": finishes,
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_before_mib": rss_before,
+        "mirror": memory,
     }
+
+
+def mirror_memory(spec: Any, url: str, sweep_id: int) -> dict[str, float]:
+    """What a controller resuming the finished sweep pays to hold its study in memory: the
+    load's wall time (``load_mirror``, the database read and the in-memory copy) and the
+    Python memory the mirror holds afterwards (tracemalloc), once per run, after the timed
+    sweep so tracing slows nothing measured."""
+    import gc
+    import tracemalloc
+
+    from tuner.db import Database, Sweep
+    from tuner.mirror import load_mirror
+
+    db = Database(url, migrate=False)
+    try:
+        with db.session() as s:
+            sweep = s.get(Sweep, sweep_id)
+            assert sweep is not None
+            study_name = sweep.study_name
+    finally:
+        db.dispose()
+    t0 = time.perf_counter()
+    mirror = load_mirror(spec, study_name, url)
+    load_s = time.perf_counter() - t0
+    n = len(mirror.get_trials(deepcopy=False))
+    del mirror
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        mirror = load_mirror(spec, study_name, url)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    del mirror
+    return {"trials": n, "load_s": load_s, "held_bytes": held, "bytes_per_trial": held / max(n, 1)}
 
 
 def digest(raw: dict[str, Any], trials: int) -> dict[str, Any]:
@@ -253,6 +292,15 @@ class ScaleBenchmark(Benchmark):
                     f"{ms(sugg.get('p50'))} / {ms(sugg.get('p95'))} | "
                     f"{d.get('max_rss_mib', 0):.0f} MiB |"
                 )
+        for db_name, entry in result["databases"].items():
+            mem = entry.get("tunehub", {}).get("mirror")
+            if mem:
+                lines += ["", (
+                    f"{db_name}: the controller's study in memory at {mem['trials']:,} trials "
+                    f"holds {mem['held_bytes'] / 2**20:.1f} MiB "
+                    f"({mem['bytes_per_trial'] / 1024:.1f} KiB per trial, tracemalloc); a "
+                    f"resuming controller loads it in {secs(mem['load_s'])}, in a worker "
+                    "thread (the event loop goes on).")]
         lines += [
             "",
             "Targets (issue 6): per-trial cost within 2× from trial 100 to the last trial; "
