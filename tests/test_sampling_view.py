@@ -14,7 +14,7 @@ from optuna.distributions import FloatDistribution
 from optuna.samplers._tpe.sampler import default_gamma
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.sampling_view import BEST, BOUND, RECENT, SAMPLE, BoundedTPE
+from tuner.sampling_view import BEST, BOUND, PRUNE_SAMPLE, RECENT, SAMPLE, BoundedPruner, BoundedTPE
 
 DISTS = {"x": FloatDistribution(0.0, 1.0), "y": FloatDistribution(0.0, 1.0)}
 
@@ -171,3 +171,43 @@ def test_the_sample_of_older_trials_is_spread_over_the_history(
     halves = sum(1 for x in older if x < (n - RECENT) / 2), sum(
         1 for x in older if x >= (n - RECENT) / 2)
     assert min(halves) >= len(older) / 4
+
+
+class RecordingMedian(optuna.pruners.MedianPruner):
+    """The median pruner, noting how many trials it was shown per decision."""
+
+    def __init__(self) -> None:
+        super().__init__(n_startup_trials=5, n_warmup_steps=0)
+        self.shown: list[int] = []
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        self.shown.append(len(study.get_trials(deepcopy=False)))
+        return super().prune(study, trial)
+
+
+def test_a_pruner_decides_on_a_bounded_uniform_sample() -> None:
+    """Past PRUNE_SAMPLE finished trials the median pruner is shown a sample of that size
+    (and the running trials), not the growing study, and still prunes what is clearly below
+    the median and keeps what is clearly above it."""
+    inner = RecordingMedian()
+    pruner = BoundedPruner(inner, seed=1)
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage, pruner=pruner, direction="maximize",
+                                sampler=optuna.samplers.RandomSampler(seed=1))
+    pruner.load(storage, [])
+
+    def one(value: float) -> bool:
+        trial = study.ask(DISTS)
+        pruner.started(trial.number)
+        trial.report(value, 1)
+        pruned = trial.should_prune()
+        study.tell(trial, value)
+        pruner.finished(trial.number)
+        return pruned
+
+    for i in range(PRUNE_SAMPLE + 300):
+        one((i * 7919 % 1000) / 1000)  # values spread evenly over [0, 1)
+    assert inner.shown[PRUNE_SAMPLE - 10] == PRUNE_SAMPLE - 9  # the whole study, up to then
+    assert max(inner.shown[-250:]) <= PRUNE_SAMPLE + 1
+    assert one(0.2) and one(0.3)  # clearly below the median (0.5)
+    assert not one(0.7) and not one(0.8)

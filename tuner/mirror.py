@@ -30,11 +30,13 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.exceptions import UpdateFinishedTrialError
+from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage, InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.sampling_view import BoundedTPE
+from tuner.pruning import EnoughTrialsPruner
+from tuner.sampling_view import BoundedPruner, BoundedTPE
 from tuner.spec import SweepSpec
 from tuner.study import complete_params, make_pruner, make_sampler, storage_for
 
@@ -107,6 +109,8 @@ class StudyMirror:
         # stops growing with the sweep.
         self.sampler = sampler or bounded(make_sampler(spec), spec.seed)
         self.pruner = make_pruner(spec)
+        # The pruner decides on a bounded sample of the study once it is large.
+        self._pruner_view = bounded_pruner(self.pruner, spec.seed)
         self.memory: optuna.Study
         self._memory_storage: InMemoryStorage
         self._memory_study_id = 0
@@ -132,6 +136,8 @@ class StudyMirror:
         self.memory.add_trials(trials)
         if isinstance(self.sampler, BoundedTPE):
             self.sampler.load(self._memory_storage, trials, self.memory.direction)
+        if self._pruner_view is not None:
+            self._pruner_view.load(self._memory_storage, trials)
         log.debug("study %s mirrored: %d trials", self.db.study_name, len(trials))
 
     # --- the controller's calls ----------------------------------------------------------
@@ -141,6 +147,8 @@ class StudyMirror:
         in one insert, with every parameter (so a crash leaves either no trial or a whole
         one)."""
         trial = self.memory.ask(distributions)
+        if self._pruner_view is not None:
+            self._pruner_view.started(trial.number)
         frozen = self._memory_storage.get_trial(self.memory_trial_id(trial.number))
         trial_id = self._storage.create_new_trial(self._db_study_id, template_trial=frozen)
         number = trial.number
@@ -177,6 +185,8 @@ class StudyMirror:
         if before.state.is_finished() and skip_if_finished:
             return copy.deepcopy(before)
         told = self.memory.tell(trial, values, state=state, skip_if_finished=skip_if_finished)
+        if self._pruner_view is not None:
+            self._pruner_view.finished(trial)
         try:
             self.write(self.storage.set_trial_state_values,
                        self.db_trial_id(trial), told.state, told.values)
@@ -251,6 +261,17 @@ def bounded(sampler: BaseSampler, seed: int | None) -> BaseSampler:
     if isinstance(sampler, optuna.samplers.TPESampler):
         return BoundedTPE(sampler, seed)
     return sampler
+
+
+def bounded_pruner(pruner: BasePruner, seed: int | None) -> BoundedPruner | None:
+    """Put the bounded view under tunehub's rules for small sweeps (which count trials at a
+    step on the whole study, once per step); the view, to keep informed, or None for no
+    pruner."""
+    if isinstance(pruner, EnoughTrialsPruner):
+        view = BoundedPruner(pruner.inner, seed)
+        pruner.inner = view
+        return view
+    return None
 
 
 def load_mirror(spec: SweepSpec, study_name: str, url: str) -> StudyMirror:

@@ -1,4 +1,5 @@
-"""A bounded view of the study for TPE, so that its cost per ask stops growing with the sweep.
+"""Bounded views of the study for TPE and for pruners, so that their cost per ask and per
+report stops growing with the sweep.
 
 TPE splits the finished trials into a "good" set (the best ``gamma(n)`` trials; Optuna's
 default gamma caps it at 25) and a "bad" set (every other trial), fits a Parzen estimator to
@@ -22,6 +23,11 @@ the same 25 as for the whole history and the good set is exactly the one the who
 gives; the bad set is the sample. Until the study has more than ``BEST + RECENT + SAMPLE``
 finished trials the view is the whole study, so small sweeps sample exactly as before.
 
+Pruners get the same treatment (:class:`BoundedPruner`): Optuna's median, successive-halving
+and Hyperband pruners read every trial at each report; past ``PRUNE_SAMPLE`` finished trials
+they are shown a uniform sample of that many and the running trials (their decisions are
+quantiles of the trials' values at a step, which the sample estimates).
+
 Optuna is used only through public API: the sampler's interface (``BaseSampler``; its
 ``before_trial``/``after_trial`` hooks keep the view's bookkeeping, a few numbers per trial,
 never a scan of the history) and a storage (``BaseStorage``) that delegates everything to the
@@ -42,6 +48,7 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution
+from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
@@ -133,7 +140,8 @@ class ViewStorage(BaseStorage):
     trials; every other call (reads of one trial, all writes) goes to the real storage with
     the real ids."""
 
-    def __init__(self, base: BaseStorage, selection: TrialSelection, running: set[int]) -> None:
+    def __init__(self, base: BaseStorage, selection: TrialSelection | UniformSelection,
+                 running: set[int]) -> None:
         self.base = base
         self.selection = selection
         self.running = running
@@ -291,3 +299,82 @@ class BoundedTPE(BaseSampler):
 
     def reseed_rng(self) -> None:
         self.inner.reseed_rng()
+
+
+#: Finished trials a pruner compares with, at most (a uniform sample past that).
+PRUNE_SAMPLE = 1000
+
+
+class UniformSelection:
+    """A uniform reservoir sample of the finished trials, for pruners: their decisions are
+    quantiles (the median, the top 1/η of a rung) of the trials' values, which a uniform
+    sample of a thousand estimates as well as all of them."""
+
+    def __init__(self, seed: int | None, size: int = PRUNE_SAMPLE) -> None:
+        self.size = size
+        self.reservoir: list[int] = []
+        self.finished = 0
+        self._rng = random.Random(seed)
+        self._numbers: list[int] | None = None
+
+    def add(self, number: int) -> None:
+        self.finished += 1
+        self._numbers = None
+        if len(self.reservoir) < self.size:
+            self.reservoir.append(number)
+            return
+        slot = self._rng.randrange(self.finished)
+        if slot < self.size:
+            self.reservoir[slot] = number
+
+    def bounded(self) -> bool:
+        return self.finished > self.size
+
+    def numbers(self) -> list[int]:
+        if self._numbers is None:
+            self._numbers = sorted(self.reservoir)
+        return self._numbers
+
+
+class BoundedPruner(BasePruner):
+    """``inner`` deciding on a view of the study: a uniform sample of ``PRUNE_SAMPLE``
+    finished trials and every running one, once the study has more finished trials than that
+    (Optuna's median, successive-halving and Hyperband pruners read every trial of the study
+    at each report: 7-11 ms per report at 5,000 trials). Up to then the whole study, exactly
+    as before. Pruners have no hooks of their own: the study's owner (:mod:`tuner.mirror`)
+    says which trials start and finish."""
+
+    def __init__(self, inner: BasePruner, seed: int | None = None) -> None:
+        self.inner = inner
+        self.seed = seed
+        self.selection = UniformSelection(seed)
+        self.running: set[int] = set()
+        self._storage: BaseStorage | None = None
+
+    def load(self, storage: BaseStorage, trials: Iterable[FrozenTrial]) -> None:
+        """Start on a study (built or rebuilt from the database): its storage and trials."""
+        self._storage = storage
+        self.selection = UniformSelection(self.seed)
+        self.running = set()
+        for trial in trials:
+            if trial.state.is_finished():
+                self.selection.add(trial.number)
+            else:
+                self.running.add(trial.number)
+
+    def started(self, number: int) -> None:
+        self.running.add(number)
+
+    def finished(self, number: int) -> None:
+        if number in self.running:
+            self.running.discard(number)
+            self.selection.add(number)
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        if self._storage is None or not self.selection.bounded():
+            return self.inner.prune(study, trial)
+        view = optuna.load_study(
+            study_name=study.study_name, storage=ViewStorage(
+                self._storage, self.selection, self.running),
+            sampler=study.sampler, pruner=self.inner)
+        return self.inner.prune(view, trial)
