@@ -29,10 +29,13 @@ class InstantBackend(Backend):
 
     name = "instant"
 
-    def __init__(self) -> None:
+    def __init__(self, steps: int = 0) -> None:
+        """``steps``: intermediate reports per trial (the objective scaled by step/steps, the
+        last one marked last), each judged by the sweep's pruner; a pruned trial stops."""
         super().__init__()
         self.engine: Engine | None = None
         self.launched = 0
+        self.steps = steps
 
     def bind(self, engine: Engine) -> None:
         """The engine whose report route the "trials" call (set after the engine exists)."""
@@ -43,7 +46,15 @@ class InstantBackend(Backend):
         self.launched += 1
         await self.emit(TrialEvent(launch.trial_id, launch.attempt, "started"))
         value = quadratic(json.loads(launch.env[ENV_PARAMS]))
-        self.engine.report(launch.trial_id, launch.env[ENV_TOKEN], launch.attempt, value, None)
+        token = launch.env[ENV_TOKEN]
+        pruned = False
+        for step in range(1, self.steps + 1):
+            pruned = self.engine.report(launch.trial_id, token, launch.attempt,
+                                        value * step / self.steps, step, last=step == self.steps)
+            if pruned:
+                break
+        if not pruned:
+            self.engine.report(launch.trial_id, token, launch.attempt, value, None)
         await self.emit(TrialEvent(launch.trial_id, launch.attempt, "succeeded", 0))
 
     async def cancel(self, trial_id: int, attempt: int) -> None:

@@ -28,7 +28,7 @@ from tuner import metrics
 from tuner.backends._base import COLD, Backend, TrialEvent, TrialLaunch
 from tuner.db import TRIAL_FINISHED, Database, Sweep, Trial, TrialReport, utcnow
 from tuner.errors import Conflict, NotFound, TunehubError, Unauthorized
-from tuner.mirror import MirroredTrial, load_mirror
+from tuner.mirror import MirroredTrial, StudyMirror, load_mirror
 from tuner.settings import Settings
 from tuner.spec import SweepSpec
 from tuner.study import optuna_state, our_state
@@ -188,8 +188,9 @@ class SweepController:
                 raise Conflict(f"sweep {sweep_id} needs the {sweep.backend} backend")
         self.dir = sweep_dir(engine.settings, sweep_id)
         # The study in memory, kept in step with the database's: asks and should_prune never
-        # read the sweep's history back from the database (tuner.mirror).
-        self.study = load_mirror(self.spec, self.study_name, self.db.url)
+        # read the sweep's history back from the database (tuner.mirror). Loaded by run(),
+        # off the event loop.
+        self.study: StudyMirror
 
     # --- ownership -----------------------------------------------------------------------
 
@@ -226,6 +227,10 @@ class SweepController:
     async def run(self) -> str:
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat())
         try:
+            # Reading a resumed sweep's whole study takes a while (about a second at 10,000
+            # trials): in a thread, so the engine's other sweeps and the report API go on.
+            self.study = await asyncio.to_thread(
+                load_mirror, self.spec, self.study_name, self.db.url)
             await self._recover()
             while True:
                 if self.cancel_requested or self.stop_reason is not None:
