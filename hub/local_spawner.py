@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from traitlets import Bool, Dict, List, Unicode, default
 from hub.spawn_refused import SpawnRefused
 from tuner import unix_users
 from tuner.backends.gpus import GpuPool, discover_gpus
-from tuner.unix_users import UnixUser
+from tuner.unix_users import UnixUser, UnixUsers
 
 
 def default_profiles(gpu_count: int) -> list[dict[str, Any]]:
@@ -88,13 +89,16 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
     def _default_unix_users(self) -> bool:
         return unix_users.enabled()
 
-    def system_user(self) -> UnixUser:
-        """The account's system user (made now if the account predates isolation)."""
+    @staticmethod
+    def _system_users() -> UnixUsers:
         from tuner.settings import load_settings
 
-        users = unix_users.UnixUsers.from_env(load_settings().home)
+        return UnixUsers.from_env(load_settings().home)
+
+    def system_user(self) -> UnixUser:
+        """The account's system user (made now if the account predates isolation)."""
         try:
-            return users.ensure(self.user.name)
+            return self._system_users().ensure(self.user.name)
         except unix_users.UnixUserError as exc:
             raise SpawnRefused(str(exc)) from None
 
@@ -213,6 +217,8 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         self.popen_kwargs = {**self.popen_kwargs, "pass_fds": tuple(fds)}
         try:
             result = await super().start()
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise self._not_started(exc) from None
         finally:
             for fd in fds:
                 os.close(fd)  # the server process holds the locks now
@@ -220,6 +226,30 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         self.log.info("server for %s: profile %s, GPUs %s", self.user.name, profile["slug"],
                       gpus or "none")
         return result
+
+    def _not_started(self, exc: OSError | subprocess.SubprocessError) -> SpawnRefused:
+        """Why the server process could not even be started, for the person and the admin.
+
+        Popen raises when the program cannot be run as the account's user (``Permission
+        denied``: a directory above this Python is closed to them, e.g. ``/root`` whose
+        passage entry was removed) or when becoming that user fails. JupyterHub answers
+        either with a bare "500 Internal Server Error"; the person gets the reason instead,
+        as a 503: the platform's set-up is at fault, not their request."""
+        program = self.cmd[0] if self.cmd else "the server"
+        if isinstance(exc, OSError):
+            what = f"{exc.filename or program}: {exc.strerror or exc}"
+            if self.unix_users and isinstance(exc, PermissionError):
+                gid = self._system_users().group_id()
+                what = unix_users.unreachable([Path(program)], gid) or what
+        else:
+            what = str(exc)
+        who = f" as {self._owner.login}" if self.unix_users else ""
+        return SpawnRefused(
+            f"your server could not be started{who}: {what}. The platform's set-up is at "
+            "fault, not your request; please tell an administrator.",
+            reason="error", status_code=503,
+            log_message=f"server for {self.user.name} not started{who}: {exc!r}",
+        )
 
     def get_args(self) -> list[str]:
         args = super().get_args()

@@ -121,7 +121,8 @@ def system_users_for_test() -> Iterator[tuple[Path | None, dict[str, str]]]:
     """As root: a passable base directory, and a user prefix and shared group unique to this
     test, whose users and groups are deleted afterwards. The Python running the tests may live
     where other users cannot pass (pyenv under /root here): the test's group is granted passage
-    (an ACL entry, execute only) on those directories for the test's duration."""
+    (an ACL entry, execute only) on those directories for the test's duration, and only that
+    entry is taken back afterwards: suites running at once keep theirs."""
     if os.geteuid() != 0:
         yield None, {}
         return
@@ -140,6 +141,6 @@ def system_users_for_test() -> Iterator[tuple[Path | None, dict[str, str]]]:
             if entry.pw_name.startswith(prefix):
                 kill_processes_of(entry.pw_uid)
                 subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
-        unix_users.restore_acls(granted)
+        unix_users.revoke_passage(gid, granted)
         subprocess.run(["groupdel", group], check=False, capture_output=True)
         shutil.rmtree(base, ignore_errors=True)

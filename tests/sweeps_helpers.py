@@ -28,6 +28,15 @@ def write_sweep(directory: Path, script: str, **spec: Any) -> Path:
     return path
 
 
+def record_dir(home: Any, tmp_path: Path) -> Path:
+    """A directory a test's trials write what they saw into (``RECORD_DIR`` in their
+    environment): what a trial process itself observes, read back after the sweep."""
+    record = tmp_path / "record"
+    record.mkdir()
+    home.extra_env["RECORD_DIR"] = str(record)
+    return record
+
+
 def parse_json(stdout: str) -> Any:
     return json.loads(stdout)
 

@@ -1,12 +1,16 @@
 """The platform over time, through ``tunehub up`` and real HTTP: a restart keeps users, sweeps
 and the admin's login; idle GPU servers are culled sooner than CPU-only ones, a server whose
-kernel is busy running a cell is not idle, and a GPU given back can be taken by someone else."""
+kernel is busy running a cell is not idle, and a GPU given back can be taken by someone else; a
+server that cannot start says why (never a bare 500)."""
 
 from __future__ import annotations
 
+import grp
 import json
 import re
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +21,7 @@ from tornado.websocket import websocket_connect
 
 from tests.hub_fixtures import Platform
 from tests.polling import wait_for
+from tuner.unix_users import closed_ancestors, grant_passage, revoke_passage
 
 pytestmark = [pytest.mark.slow]
 
@@ -168,3 +173,28 @@ def test_idle_gpu_servers_are_culled_first_and_busy_kernels_are_not_idle(
 
     # The culled server's GPU is back in the pool.
     hub.start_server("gpu-late", "gpu-1")
+
+
+def test_a_server_whose_user_cannot_run_python_says_why(platform: Platform) -> None:
+    """What the culler test met on a loaded machine: another test suite's clean-up took this
+    platform's passage through ``/root`` (where this Python lives) away, so a person's server
+    could not exec Python, and the hub answered a bare "500 Internal Server Error". The person
+    gets the reason and the directory to open instead; once it is open the same account starts."""
+    closed = closed_ancestors([Path(sys.executable), Path(sys.base_prefix)])
+    if "TUNEHUB_UNIX_GROUP" not in platform.env or not closed:
+        pytest.skip("needs root (system users) and a Python under a directory closed to others")
+    platform.start()
+    assert platform.password, platform.output
+    hub = Hub(platform.url, login_token(platform.url, "admin", platform.password))
+    hub.call("POST", "hub/api/users/dana", 201)
+    gid = grp.getgrnam(platform.env["TUNEHUB_UNIX_GROUP"]).gr_gid
+    revoke_passage(gid, closed)
+    try:
+        r = hub.client.post("hub/api/users/dana/server", json={"profile": "cpu"})
+    finally:
+        grant_passage(gid, closed)
+    assert r.status_code == 503, r.text
+    message = r.json()["message"]
+    assert "your server could not be started as " in message, message
+    assert f"{closed[0]} is closed to others" in message, message
+    hub.start_server("dana", "cpu")

@@ -17,7 +17,7 @@ import optuna
 from prometheus_client import REGISTRY
 
 from tests.conftest import Home
-from tests.sweeps_helpers import parse_json, write_sweep
+from tests.sweeps_helpers import parse_json, record_dir, write_sweep
 from tuner.backends._base import TrialEvent, TrialLaunch
 from tuner.backends.imports import external_imports
 from tuner.backends.local import LocalBackend
@@ -54,9 +54,7 @@ def test_import_graph_follows_helper_modules(tmp_path: Path) -> None:
 def test_warm_start_when_tensorflow_comes_through_a_helper(
     sqlite_home: Home, tmp_path: Path
 ) -> None:
-    record = tmp_path / "record"
-    record.mkdir()
-    sqlite_home.extra_env["RECORD_DIR"] = str(record)
+    record = record_dir(sqlite_home, tmp_path)
     code = tmp_path / "code"
     spec = write_sweep(code, HELPER_IMPORTS_TF, trials=2, parallelism=1, sampler="grid",
                        space={"x": {"type": "categorical", "choices": [0.2, 0.3]}})

@@ -158,3 +158,35 @@ def test_people_logging_in_at_the_same_moment_all_get_their_users(users: UnixUse
     assert {u.login for u in made} == {users.login_name(n) for n in names}
     for name in names:
         assert pwd.getpwnam(users.login_name(name)).pw_gecos == MARK + name
+
+
+def test_passage_given_to_platforms_at_once_is_taken_back_one_by_one(users: UnixUsers) -> None:
+    """Test suites (and platforms) running at once each grant their own group passage on the
+    same closed directory (``/root`` for a pyenv Python). Each takes back its own entry only:
+    one platform stopping must not close the directory to another's people (their servers
+    then failed to start with an HTTP 500, "Permission denied" running Python)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tuner.unix_users import grant_passage, revoke_passage, unreachable
+
+    closed = users.homes.parent / "private"
+    closed.mkdir()
+    os.chmod(closed, 0o700)
+    python = closed / "python"
+    python.write_text("")
+    os.chmod(python, 0o755)
+    ours, others = users.group_id(), [60000 + i for i in range(6)]  # gids of other platforms
+
+    earlier = grant_passage(others[0], [closed])  # a platform that started before ours
+    assert grant_passage(ours, [closed]) == [closed]
+    with ThreadPoolExecutor(len(others)) as pool:  # others come and go meanwhile, at once
+        granted = list(pool.map(lambda gid: grant_passage(gid, [closed]), others[1:]))
+        assert all(unreachable([python], gid) is None for gid in [ours, *others])
+        list(pool.map(revoke_passage, others[1:], granted))
+    revoke_passage(others[0], earlier)  # the earlier one stops while ours still runs
+    assert unreachable([python], ours) is None, "another platform's exit closed ours"
+    assert all(unreachable([python], gid) for gid in others), "an entry was left behind"
+
+    revoke_passage(ours, [closed])
+    assert unreachable([python], ours) == f"{python} (Permission denied; {closed} is closed " \
+        "to others)"

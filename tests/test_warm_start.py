@@ -1,13 +1,22 @@
 """Warm starts: trials fork from a process that already imported their heavy modules, yet each
-trial is a process of its own, so crashes, leaked state and random seeds never carry over."""
+trial is a process of its own, so crashes, leaked state and random seeds never carry over. A
+function sent from a notebook starts warm with the modules its pickle names preloaded."""
 
 from __future__ import annotations
 
+import io
 import json
+import pickletools
 from pathlib import Path
 
+import cloudpickle
+import numpy
+import yaml
+
 from tests.conftest import Home
-from tests.sweeps_helpers import parse_json, write_sweep
+from tests.sweeps_helpers import parse_json, record_dir, write_sweep
+from tuner.backends.pickled_imports import pickled_imports
+from tuner.run_function import COMMAND, FUNCTION_FILE
 
 PROBE = """
 import json, os, random, sys, pathlib, tuner
@@ -30,9 +39,7 @@ tuner.report(p["x"])
 
 
 def test_warm_trials_are_isolated(sqlite_home: Home, tmp_path: Path) -> None:
-    record = tmp_path / "record"
-    record.mkdir()
-    sqlite_home.extra_env["RECORD_DIR"] = str(record)
+    record = record_dir(sqlite_home, tmp_path)
     spec = write_sweep(
         tmp_path / "code", PROBE, trials=4, parallelism=1, sampler="grid",
         space={"x": {"type": "categorical", "choices": [0.1, 0.2, 0.3, 0.4]}},
@@ -54,9 +61,8 @@ def test_warm_trials_are_isolated(sqlite_home: Home, tmp_path: Path) -> None:
 
 
 def test_cold_start_when_disabled(sqlite_home: Home, tmp_path: Path) -> None:
-    record = tmp_path / "record"
-    record.mkdir()
-    sqlite_home.extra_env.update({"RECORD_DIR": str(record), "TUNEHUB_WARM_START": "0"})
+    record = record_dir(sqlite_home, tmp_path)
+    sqlite_home.extra_env["TUNEHUB_WARM_START"] = "0"
     spec = write_sweep(
         tmp_path / "code", PROBE, trials=2, parallelism=1, sampler="grid",
         space={"x": {"type": "categorical", "choices": [0.2, 0.3]}},
@@ -65,3 +71,69 @@ def test_cold_start_when_disabled(sqlite_home: Home, tmp_path: Path) -> None:
     runs = [json.loads(p.read_text()) for p in record.iterdir()]
     assert len({r["ppid"] for r in runs}) == 1
     assert all("zygote" not in r["parent"] and "tunehub" in r["parent"] for r in runs)
+
+
+# A notebook cell: numpy imported at the top and used by the function (cloudpickle stores it as
+# a module to import), jinja2 imported in the function's body (stand-ins for TensorFlow: neither
+# is imported by the warm-start process on its own). The function records, for each, whether it
+# was in sys.modules before run_function imported cloudpickle to load it: only then was it
+# preloaded by the process the trial forked from.
+NOTEBOOK_CELL = """
+import numpy as np
+
+def objective(params):
+    import json, os, pathlib, sys
+    import jinja2
+    order = list(sys.modules)
+    preloaded = {m: order.index(m) < order.index("cloudpickle") for m in ("numpy", "jinja2")}
+    pathlib.Path(os.environ["RECORD_DIR"], os.environ["TUNEHUB_TRIAL_NUMBER"]).write_text(
+        json.dumps(preloaded))
+    return float(np.cos(params["x"]))
+"""
+
+
+def _notebook_function(code: Path) -> None:
+    """``objective.pkl`` as ``tuner.Sweep.submit(function=...)`` ships it: defined in a
+    notebook (a module nobody can import), so cloudpickle stores it by value."""
+    cell: dict[str, object] = {"__name__": "notebook_cell"}
+    exec(NOTEBOOK_CELL, cell)  # noqa: S102 -- the test's own source, as a notebook runs a cell
+    code.mkdir(parents=True)
+    (code / FUNCTION_FILE).write_bytes(cloudpickle.dumps(cell["objective"]))
+
+
+def test_reading_a_pickle_names_its_modules_and_runs_none_of_it(tmp_path: Path) -> None:
+    _notebook_function(tmp_path / "code")
+    found = pickled_imports(tmp_path / "code" / FUNCTION_FILE)
+    assert {"numpy", "jinja2"} <= found and not found & {"cloudpickle", "builtins"}, found
+    # (os.system("touch ran"), not_installed_anywhere.models.Thing()), written by hand.
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(b"(cos\nsystem\n(S'touch %s'\ntRcnot_installed_anywhere.models\nThing\n)Rt."
+                     % str(tmp_path / "ran").encode())
+    pickletools.dis(evil.read_bytes(), out=io.StringIO())  # a well-formed pickle
+    found = pickled_imports(evil)
+    assert "not_installed_anywhere" in found, found  # named, never imported
+    assert not (tmp_path / "ran").exists(), "reading the pickle ran its code"
+    (tmp_path / "by_ref.pkl").write_bytes(cloudpickle.dumps(numpy.mean))
+    assert pickled_imports(tmp_path / "by_ref.pkl") == {"numpy"}
+    assert pickled_imports(tmp_path / "absent.pkl") == frozenset()
+
+
+def test_a_function_sweep_preloads_the_modules_its_function_uses(
+    sqlite_home: Home, tmp_path: Path
+) -> None:
+    record = record_dir(sqlite_home, tmp_path)
+    code = tmp_path / "code"
+    _notebook_function(code)
+    assert {"numpy", "jinja2"} <= pickled_imports(code / FUNCTION_FILE)
+    spec = code / "sweep.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "fn", "command": COMMAND, "metric": "score", "trials": 2, "parallelism": 1,
+        "sampler": "grid", "space": {"x": {"type": "categorical", "choices": [0.2, 0.3]}},
+    }))
+    out = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json",
+                                     check=True).stdout)
+    assert out["state"] == "completed" and out["cold_start"] is None, out
+    runs = [json.loads(p.read_text()) for p in record.iterdir()]
+    log = sqlite_home.cli("sweep", "logs", str(out["id"]), "0", check=True).stdout
+    assert runs == [{"numpy": True, "jinja2": True}] * 2, (runs, log)
+    assert "warm start (forked from a process that imported tuner, jinja2, numpy)" in log, log

@@ -19,6 +19,7 @@ processes are killed.
 
 from __future__ import annotations
 
+import fcntl
 import grp
 import hashlib
 import os
@@ -28,7 +29,8 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -278,27 +280,51 @@ def closed_ancestors(paths: Sequence[Path]) -> list[Path]:
     return sorted(closed)
 
 
-def grant_passage(gid: int, directories: Sequence[Path]) -> dict[Path, str]:
+def grant_passage(gid: int, directories: Sequence[Path]) -> list[Path]:
     """Let group ``gid`` pass ``directories`` (an ACL entry, execute only: no listing, no
-    reading) and return each directory's ACL as it was (``getfacl`` text), to put back with
-    :func:`restore_acls`. Directories whose ACL cannot be changed are left out."""
-    before: dict[Path, str] = {}
+    reading); returns the directories it was granted on, to give back with
+    :func:`revoke_passage`. Directories whose ACL cannot be changed are left out."""
+    granted: list[Path] = []
     for d in directories:
         try:
-            old = subprocess.run(["getfacl", "-cp", str(d)], capture_output=True, text=True,
-                                 check=True).stdout
-            subprocess.run(["setfacl", "-m", f"g:{gid}:x", str(d)], capture_output=True,
-                           check=True)
+            with _acl_lock(d):
+                subprocess.run(["setfacl", "-m", f"g:{gid}:x", str(d)], capture_output=True,
+                               check=True)
         except (OSError, subprocess.CalledProcessError):
             continue
-        before[d] = old
-    return before
+        granted.append(d)
+    return granted
 
 
-def restore_acls(before: dict[Path, str]) -> None:
-    for d, acl in before.items():
-        subprocess.run(["setfacl", "-b", str(d)], check=False)
-        subprocess.run(["setfacl", "-M", "-", str(d)], input=acl, text=True, check=False)
+def revoke_passage(gid: int, directories: Sequence[Path]) -> None:
+    """Take back what :func:`grant_passage` gave ``gid``, and only that.
+
+    Why not put back the ACL as it was before the grant: several platforms (test suites) run
+    at once on one machine, each granting its own group passage on the same directories
+    (``/root`` for a Python under pyenv). A snapshot restored by one of them also erased the
+    entries the others had added since, and their people's servers then failed to start
+    ("Permission denied" running Python); it also brought back entries of groups already
+    deleted, whose gid a new group may get."""
+    for d in directories:
+        try:
+            with _acl_lock(d):
+                subprocess.run(["setfacl", "-x", f"g:{gid}", str(d)], capture_output=True,
+                               check=True)
+        except (OSError, subprocess.CalledProcessError):
+            continue
+
+
+@contextmanager
+def _acl_lock(directory: Path) -> Iterator[None]:
+    """Serialise our ACL edits of ``directory`` across processes: ``setfacl -m`` and ``-x``
+    read, change and write the whole ACL, so two at once can lose one's change. The lock is
+    an ``flock`` on the directory itself (no lock file to leave behind)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _closed_dir(path: Path) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 MAX_MODULES = 500
 
 
-def _local_module(root: Path, dotted: str) -> Path | None:
+def local_module(root: Path, dotted: str) -> Path | None:
     """The file of ``dotted`` inside the snapshot (``a.b`` -> ``a/b.py`` or
     ``a/b/__init__.py``), or None for a module that is not part of the snapshot."""
     base = root.joinpath(*dotted.split("."))
@@ -71,14 +71,14 @@ def external_imports(entry: Path, root: Path) -> set[str]:
             continue
         seen.add(path)
         for dotted in _imports_of(path, root):
-            local = _local_module(root, dotted)
+            local = local_module(root, dotted)
             if local is not None:
                 todo.append(local)
                 # Importing ``a.b`` runs ``a/__init__.py`` first.
                 parent = dotted.rsplit(".", 1)[0]
-                if "." in dotted and (init := _local_module(root, parent)) is not None:
+                if "." in dotted and (init := local_module(root, parent)) is not None:
                     todo.append(init)
-            elif _local_module(root, dotted.split(".")[0]) is None:
+            elif local_module(root, dotted.split(".")[0]) is None:
                 found.add(dotted.split(".")[0])
     return found
 
@@ -88,6 +88,6 @@ def entry_file(workdir: Path, argv: list[str]) -> Path | None:
     if not argv:
         return None
     if argv[0] == "-m":
-        return _local_module(workdir, argv[1]) if len(argv) > 1 else None
+        return local_module(workdir, argv[1]) if len(argv) > 1 else None
     path = workdir / argv[0]
     return path if path.is_file() else None

@@ -6,7 +6,9 @@ import os
 import sys
 from pathlib import Path
 
-from tuner.backends.imports import entry_file, external_imports
+from tuner import run_function
+from tuner.backends.imports import entry_file, external_imports, local_module
+from tuner.backends.pickled_imports import MACHINERY, pickled_imports
 
 HEAVY_MODULES = ("tensorflow", "keras")
 ALWAYS = ("tuner",)
@@ -34,13 +36,32 @@ def preload_for(
     """Modules worth importing ahead. ``requested`` is the spec's ``preload``: an explicit
     list, ``none``, or ``auto``: TensorFlow/Keras when the trial's code reaches them through
     its import graph (helper modules included), so sweeps that never touch TensorFlow don't
-    pay for it and those that do never start cold by accident."""
+    pay for it and those that do never start cold by accident. A function sweep's trials run
+    :mod:`tuner.run_function`: its modules come from the pickled function
+    (:func:`function_preload`)."""
     if requested == "none":
         return ALWAYS
     if not isinstance(requested, str):
         return (*ALWAYS, *requested)
+    if len(argv) == 3 and argv[:2] == ["-m", run_function.__name__]:
+        return (*ALWAYS, *function_preload(workdir, workdir / argv[2]))
     entry = entry_file(workdir, argv)
     reached = external_imports(entry, workdir) if entry is not None else set()
     heavy = tuple(m for m in HEAVY_MODULES if m in reached)
     extra = tuple(m for m in ("numpy", "sklearn") if heavy and m in reached)
     return (*ALWAYS, *heavy, *extra)
+
+
+def function_preload(workdir: Path, pickled: Path) -> tuple[str, ...]:
+    """The installed packages a pickled function imports (:mod:`tuner.backends.pickled_imports`),
+    TensorFlow/Keras first. All of them, not only the heavy ones as for a script: loading the
+    pickle imports them in every trial anyway (a script's import graph also holds imports its
+    run may never reach), so importing them once ahead only saves time. The standard library
+    (cheap, and mostly imported already) and the snapshot's own modules are left out."""
+    found = {
+        m for m in pickled_imports(pickled)
+        if m not in sys.stdlib_module_names and m not in MACHINERY and m not in ALWAYS
+        and local_module(workdir, m) is None
+    }
+    heavy = [m for m in HEAVY_MODULES if m in found]
+    return (*heavy, *sorted(found - set(heavy)))
