@@ -3,7 +3,7 @@ PostgreSQL. Per-trial controller time (ask + launch + tell) around trial 100 aga
 last trial, Optuna's suggestion latency, and throughput in windows; beside it, plain Optuna's
 ask/tell loop on the same storage and sampler (the floor tunehub builds on).
 
-Trials run on :class:`benchmarks._instant.InstantBackend` so the numbers are the controller's
+Trials run on :class:`tuner.backends.instant.InstantBackend` so the numbers are the controller's
 own cost, not process start-up (that is the start-latency benchmark's subject).
 """
 
@@ -57,8 +57,8 @@ def scale_spec(trials: int) -> dict[str, Any]:
 
 def run_tunehub(home: Path, url: str, trials: int, profile: Path | None) -> dict[str, Any]:
     """One sweep on the instant backend with the controller's steps timed."""
-    from benchmarks._instant import InstantBackend
     from benchmarks._tunehub import Probe, controller_probe, patched, run_sweep, settings_for
+    from tuner.backends.instant import InstantBackend
     from tuner.db import Database
     from tuner.spec import SweepSpec
     from tuner.study import storage_for
@@ -204,7 +204,7 @@ class ScaleBenchmark(Benchmark):
             "study (`tuner/mirror.py`) and every trial written to the study in the same "
             "database) on an "
             "**in-process backend whose trials finish the moment they launch** "
-            "(`benchmarks/_instant.py`), so this isolates controller cost from process "
+            "(`tuner/backends/instant.py`), so this isolates controller cost from process "
             "start-up. Peer: plain Optuna's ask/tell loop with the same sampler config and "
             "the same kind of storage, 4 trials in flight.",
             "",

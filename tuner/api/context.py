@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.backends import Backend
-from tuner.controller import Engine
+from tuner.engine import Engine
 from tuner.sweeps import SweepStore
 
 
