@@ -106,10 +106,7 @@ class SweepController:
                 await self._fill()
                 if self._done():
                     break
-                try:
-                    event = await asyncio.wait_for(self.events.get(), timeout=WAKE_SECONDS)
-                except asyncio.TimeoutError:
-                    continue
+                event = await self._next_event()
                 if event is not None:
                     await self._handle(event)
         except asyncio.CancelledError:
@@ -119,6 +116,20 @@ class SweepController:
         finally:
             heartbeat.cancel()
         return await self._finish()
+
+    async def _next_event(self) -> TrialEvent | None:
+        """The next backend event; None after ``WAKE_SECONDS`` without one, or on a wake-up.
+
+        Not ``asyncio.wait_for``: on Python 3.11 it swallows the task's cancellation when an
+        event arrives in the same moment, and the engine's close then waits forever. A
+        cancelled ``Queue.get`` leaves its item in the queue, so nothing is lost here."""
+        getter = asyncio.ensure_future(self.events.get())
+        try:
+            done, _ = await asyncio.wait({getter}, timeout=WAKE_SECONDS)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        return getter.result() if done else None
 
     def _done(self) -> bool:
         return (not self.running and not self.relaunch and self.ready is None
@@ -250,23 +261,29 @@ class SweepController:
             return
         self.running.pop(event.trial_id)
         await self._start_ready()
+        state, value, reason = self._outcome(rt, event)
+        if state != TrialState.FAILED or reason is None:  # (a failure always has a reason)
+            self._finish_trial(rt, state, value, reason)
+        elif rt.attempt <= self.spec.max_retries and not self.cancel_requested:
+            self.ledger.requeue([rt.trial_id], reason)  # retried: pending again
+            self.relaunch.append(rt.trial_id)
+        else:
+            self._finish_trial(rt, state, None, reason)
+            self._check_failures(rt, reason)
+
+    def _outcome(
+        self, rt: Running, event: TrialEvent
+    ) -> tuple[TrialState, float | None, str | None]:
+        """What an attempt's final event makes of its trial: (state, value, reason)."""
         value = rt.final_value if rt.final_value is not None else rt.last_value
         if rt.pruned:
-            self._finish_trial(rt, TrialState.PRUNED, rt.last_value,
-                               f"pruned at step {rt.last_step}")
-        elif event.kind == EventKind.SUCCEEDED and value is not None:
-            self._finish_trial(rt, TrialState.COMPLETED, value, None)
-        else:
-            if event.kind == EventKind.SUCCEEDED:
-                reason = f"exited 0 without reporting {self.spec.metric} (call tuner.report)"
-            else:
-                reason = event.reason or str(event.kind)
-            if rt.attempt <= self.spec.max_retries and not self.cancel_requested:
-                self.ledger.requeue([rt.trial_id], reason)
-                self.relaunch.append(rt.trial_id)
-            else:
-                self._finish_trial(rt, TrialState.FAILED, None, reason)
-                self._check_failures(rt, reason)
+            return TrialState.PRUNED, rt.last_value, f"pruned at step {rt.last_step}"
+        if event.kind == EventKind.SUCCEEDED and value is not None:
+            return TrialState.COMPLETED, value, None
+        if event.kind == EventKind.SUCCEEDED:
+            return TrialState.FAILED, None, (
+                f"exited 0 without reporting {self.spec.metric} (call tuner.report)")
+        return TrialState.FAILED, None, event.reason or str(event.kind)
 
     def _note_start(self, how: str) -> None:
         """A cold start is shown on the sweep (``sweep show``, the API) with its reason,
@@ -322,9 +339,14 @@ class SweepController:
             if event is None or not event.final:
                 continue
             rt = self.running.current(event.trial_id, event.attempt)
-            if rt is not None:
-                self.running.pop(event.trial_id)
-                self._finish_trial(rt, TrialState.CANCELLED, None, why)
+            if rt is None:
+                continue
+            self.running.pop(event.trial_id)
+            # A result that arrived with the cancel (the trial ended by itself) is kept.
+            state, value, reason = self._outcome(rt, event)
+            if state == TrialState.FAILED:
+                state, value, reason = TrialState.CANCELLED, None, why
+            self._finish_trial(rt, state, value, reason)
         self.relaunch.clear()
 
     def _decide(self, counts: Counts) -> tuple[SweepState, str | None]:

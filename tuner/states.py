@@ -18,9 +18,20 @@ notebook client and the CLI can use it without the database or Optuna.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
-from enum import StrEnum
+from enum import Enum
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10 (pyproject's floor)
+
+    class StrEnum(str, Enum):
+        """``enum.StrEnum`` of Python 3.11: members are their strings, also in ``str()``."""
+
+        def __str__(self) -> str:
+            return str(self.value)
 
 
 class SweepState(StrEnum):

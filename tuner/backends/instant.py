@@ -17,6 +17,7 @@ controller), so a new engine's :meth:`~InstantBackend.reconcile` adopts them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,7 +68,20 @@ class InstantBackend(Backend):
         self.engine: Engine | None = None
         self.launches: list[TrialLaunch] = []
         self.cancels: list[tuple[int, int]] = []
+        self.reconciled: list[set[tuple[int, int]]] = []  # what each reconcile adopted
         self.held: dict[tuple[int, int], TrialLaunch] = {}
+        self._changed = asyncio.Event()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate`` holds, checking after each launch, hold and cancel (no
+        timer: a test wakes exactly when the controller has acted)."""
+        while not predicate():
+            changed = self._changed
+            await changed.wait()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     @property
     def launched(self) -> int:
@@ -83,8 +97,9 @@ class InstantBackend(Backend):
         outcome = self.script(launch, json.loads(launch.env[ENV_PARAMS]))
         if outcome.hold:
             self.held[launch.key] = launch
-            return
-        await self._play(launch, outcome)
+        else:
+            await self._play(launch, outcome)
+        self._notify()
 
     async def finish(self, key: tuple[int, int], outcome: Outcome) -> None:
         """End the held attempt ``key`` (trial id, attempt) as ``outcome`` says."""
@@ -97,10 +112,14 @@ class InstantBackend(Backend):
         if launch is not None:
             await self.emit(TrialEvent(trial_id, attempt, EventKind.FAILED, -15,
                                        CANCELLED_REASON))
+        self._notify()
 
     async def reconcile(self, sweep_id: int, running: list[TrialLaunch]) -> set[tuple[int, int]]:
         """The held attempts among ``running`` are adopted (they kept running)."""
-        return {launch.key for launch in running if launch.key in self.held}
+        adopted = {launch.key for launch in running if launch.key in self.held}
+        self.reconciled.append(adopted)
+        self._notify()
+        return adopted
 
     def lose_all(self) -> None:
         """Every held attempt vanishes without a word (the machine they ran on died)."""
