@@ -338,15 +338,15 @@ class SweepController:
             event = await self.events.get()
             if event is None or not event.final:
                 continue
-            rt = self.running.current(event.trial_id, event.attempt)
-            if rt is None:
+            ended = self.running.current(event.trial_id, event.attempt)
+            if ended is None:
                 continue
             self.running.pop(event.trial_id)
             # A result that arrived with the cancel (the trial ended by itself) is kept.
-            state, value, reason = self._outcome(rt, event)
+            state, value, reason = self._outcome(ended, event)
             if state == TrialState.FAILED:
                 state, value, reason = TrialState.CANCELLED, None, why
-            self._finish_trial(rt, state, value, reason)
+            self._finish_trial(ended, state, value, reason)
         self.relaunch.clear()
 
     def _decide(self, counts: Counts) -> tuple[SweepState, str | None]:

@@ -6,6 +6,7 @@ such as "another user's sweep does not exist for you" lives in exactly one place
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 import uuid
@@ -178,14 +179,14 @@ class SweepStore:
                 raise NotFound(f"sweep {sweep_id} not found")
             return sweep
 
-    def list(self, actor: Actor, limit: int = 200) -> list[Sweep]:
+    def list(self, actor: Actor, limit: int = 200) -> builtins.list[Sweep]:
         with self.db.session() as s:
             query = select(Sweep).order_by(Sweep.id.desc()).limit(limit)
             if not actor.admin:
                 query = query.where(Sweep.owner == actor.name)
             return list(s.scalars(query))
 
-    def trials(self, sweep_id: int, actor: Actor) -> list[Trial]:
+    def trials(self, sweep_id: int, actor: Actor) -> builtins.list[Trial]:
         self.get(sweep_id, actor)
         with self.db.session() as s:
             query = select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.number)
@@ -201,7 +202,7 @@ class SweepStore:
                 raise NotFound(f"sweep {sweep_id} has no trial {number}")
             return trial
 
-    def reports(self, sweep_id: int, actor: Actor) -> dict[int, list[tuple[int, float]]]:
+    def reports(self, sweep_id: int, actor: Actor) -> dict[int, builtins.list[tuple[int, float]]]:
         """Intermediate values per trial number, in step order."""
         self.get(sweep_id, actor)
         with self.db.session() as s:
@@ -211,7 +212,7 @@ class SweepStore:
                 .where(Trial.sweep_id == sweep_id)
                 .order_by(Trial.number, TrialReport.step)
             )
-            out: dict[int, list[tuple[int, float]]] = {}
+            out: dict[int, builtins.list[tuple[int, float]]] = {}
             for number, step, value in rows:
                 out.setdefault(number, []).append((step, value))
             return out

@@ -7,7 +7,6 @@ database with its own ``studies``/``trials`` tables.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from enum import StrEnum
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -49,9 +48,9 @@ class StateColumn(TypeDecorator[StateT]):
 
     def __init__(self, states: type[StateT]) -> None:
         super().__init__()
-        self.states = states
+        self.states: type[StateT] = states
 
-    def process_bind_param(self, value: StrEnum | str | None, dialect: Dialect) -> str | None:
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
         return None if value is None else str(self.states(value))
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> StateT | None:
