@@ -84,7 +84,7 @@ class TrialEvent:
     @property
     def final(self) -> bool:
         """An outcome (succeeded or failed), not news about a still-live attempt."""
-        return self.kind.is_final()
+        return EventKind(self.kind).is_final()
 
 
 OnEvent = Callable[[TrialEvent], Awaitable[None] | None]
