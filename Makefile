@@ -47,6 +47,7 @@ lint: $(STAMP)
 
 test: $(STAMP) browser image-tools acl
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)

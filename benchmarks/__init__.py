@@ -17,10 +17,12 @@ def all_benchmarks() -> list[Benchmark]:
     from benchmarks.overhead import OverheadBenchmark
     from benchmarks.scale import ScaleBenchmark
     from benchmarks.start_latency import StartLatencyBenchmark
+    from benchmarks.tpe_view import TpeViewBenchmark
 
     return [
         OverheadBenchmark(),
         ScaleBenchmark(),
+        TpeViewBenchmark(),
         DigitsBenchmark(),
         StartLatencyBenchmark(),
         KubernetesBenchmark(),

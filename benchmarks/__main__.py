@@ -65,7 +65,9 @@ SIZE_KEYS = {
     "overhead": "overhead_trials (1000), overhead_peer_trials (= trials), "
                 "overhead_ray_default_trials (100)",
     "scale": "scale_trials (10000), scale_peer_trials (= trials), "
-             "scale_databases (2: SQLite and PostgreSQL; 1: SQLite)",
+             "scale_databases (2: SQLite and PostgreSQL; 1: SQLite), "
+             "scale_steps (3 reports per trial with ASHA; 0: final values only, no pruner)",
+    "tpe_view": "view_trials (2000), view_seeds (5)",
     "digits": "digits_trials (20 per sweep), digits_seeds (3), digits_epochs (12), "
               "digits_target_permille (970)",
     "start_latency": "latency_trials (20 per mode)",

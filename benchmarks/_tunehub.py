@@ -139,6 +139,7 @@ def controller_probe() -> list[tuple[object, str, str]]:
         (SweepController, "_ask", "ask"),
         (SweepController, "_launch", "launch"),
         (SweepController, "_finish_trial", "tell"),
+        (SweepController, "report", "report"),
         (optuna.Study, "ask", "optuna_ask"),
         (StudyMirror, "tell", "optuna_tell"),
     ]

@@ -39,8 +39,16 @@ PARALLELISM = 4
 EARLY = 100
 
 
-def scale_spec(trials: int) -> dict[str, Any]:
+STEPS = 3  # intermediate reports per trial, judged by the pruner
+
+
+def scale_spec(trials: int, steps: int = STEPS) -> dict[str, Any]:
+    """``steps`` > 0: every trial reports that many intermediate values and successive
+    halving (ASHA) prunes on them, as the issue's target asks (TPE and a pruner on)."""
+    pruner = ({"pruner": {"type": "asha", "min_resource": 1, "reduction_factor": 3}}
+              if steps else {})
     return {
+        **pruner,
         "name": "scale",
         "command": "python -c pass",  # never run: the instant backend evaluates in-process
         "metric": "score",
@@ -55,7 +63,8 @@ def scale_spec(trials: int) -> dict[str, Any]:
     }
 
 
-def run_tunehub(home: Path, url: str, trials: int, profile: Path | None) -> dict[str, Any]:
+def run_tunehub(home: Path, url: str, trials: int, profile: Path | None,
+                steps: int = STEPS) -> dict[str, Any]:
     """One sweep on the instant backend with the controller's steps timed."""
     from benchmarks._tunehub import Probe, controller_probe, patched, run_sweep, settings_for
     from tuner.backends.instant import InstantBackend
@@ -65,7 +74,7 @@ def run_tunehub(home: Path, url: str, trials: int, profile: Path | None) -> dict
 
     settings = settings_for(home, url)
     db = Database(url)
-    spec = SweepSpec.from_dict(scale_spec(trials))
+    spec = SweepSpec.from_dict(scale_spec(trials, steps))
     probe = Probe()
     profiler = cProfile.Profile() if profile is not None else None
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -73,7 +82,7 @@ def run_tunehub(home: Path, url: str, trials: int, profile: Path | None) -> dict
         with patched(controller_probe(), probe):
             if profiler is not None:
                 profiler.enable()
-            run = asyncio.run(run_sweep(settings, db, spec, InstantBackend()))
+            run = asyncio.run(run_sweep(settings, db, spec, InstantBackend(steps)))
             if profiler is not None:
                 profiler.disable()
     finally:
@@ -87,6 +96,7 @@ def run_tunehub(home: Path, url: str, trials: int, profile: Path | None) -> dict
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
         profile.with_suffix(".txt").write_text(out.getvalue())
+    memory = mirror_memory(spec, url, run.sweep_id)
     ask, launch, tell = probe.seconds("ask"), probe.seconds("launch"), probe.seconds("tell")
     per_trial = [a + b + c for a, b, c in zip(ask, launch, tell, strict=False)]
     finishes = [start + d for start, d in probe.calls.get("tell", [])]
@@ -100,10 +110,50 @@ def run_tunehub(home: Path, url: str, trials: int, profile: Path | None) -> dict
         "tell_s": tell,
         "optuna_ask_s": probe.seconds("optuna_ask"),
         "optuna_tell_s": probe.seconds("optuna_tell"),
+        "report_s": probe.seconds("report"),
+        "steps": steps,
         "finish_times": finishes,
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_before_mib": rss_before,
+        "mirror": memory,
     }
+
+
+def mirror_memory(spec: Any, url: str, sweep_id: int) -> dict[str, float]:
+    """What a controller resuming the finished sweep pays to hold its study in memory: the
+    load's wall time (``load_mirror``, the database read and the in-memory copy) and the
+    Python memory the mirror holds afterwards (tracemalloc), once per run, after the timed
+    sweep so tracing slows nothing measured."""
+    import gc
+    import tracemalloc
+
+    from tuner.db import Database, Sweep
+    from tuner.mirror import load_mirror
+
+    db = Database(url, migrate=False)
+    try:
+        with db.session() as s:
+            sweep = s.get(Sweep, sweep_id)
+            assert sweep is not None
+            study_name = sweep.study_name
+    finally:
+        db.dispose()
+    t0 = time.perf_counter()
+    mirror = load_mirror(spec, study_name, url)
+    load_s = time.perf_counter() - t0
+    n = len(mirror.get_trials(deepcopy=False))
+    del mirror
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        mirror = load_mirror(spec, study_name, url)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    del mirror
+    return {"trials": n, "load_s": load_s, "held_bytes": held, "bytes_per_trial": held / max(n, 1)}
 
 
 def digest(raw: dict[str, Any], trials: int) -> dict[str, Any]:
@@ -112,7 +162,8 @@ def digest(raw: dict[str, Any], trials: int) -> dict[str, Any]:
         k: v for k, v in raw.items() if not isinstance(v, list)
     }
     late = trials
-    for key in ("per_trial_s", "ask_s", "launch_s", "tell_s", "optuna_ask_s", "optuna_tell_s"):
+    for key in ("per_trial_s", "ask_s", "launch_s", "tell_s", "optuna_ask_s", "optuna_tell_s",
+                "report_s"):
         values = raw.get(key)
         if not values:
             continue
@@ -137,7 +188,8 @@ class ScaleBenchmark(Benchmark):
         trials = ctx.size("scale_trials", QUICK_TRIALS, FULL_TRIALS)
         peer_trials = ctx.size("scale_peer_trials", trials, trials)
         profile = bool(ctx.options.get("profile"))
-        result: dict[str, Any] = {"trials": trials, "peer_trials": peer_trials,
+        steps = ctx.size("scale_steps", STEPS, STEPS)
+        result: dict[str, Any] = {"trials": trials, "peer_trials": peer_trials, "steps": steps,
                                   "parallelism": PARALLELISM, "databases": {}}
         # scale_databases=1: SQLite only (the smoke test); 2 (default): also PostgreSQL.
         names = ("sqlite", "postgresql")[: ctx.size("scale_databases", 2, 2)]
@@ -147,7 +199,8 @@ class ScaleBenchmark(Benchmark):
             with self._url(db_name, ctx.scratch / f"scale-{db_name}-tunehub") as url:
                 prof = ctx.profile_dir / f"scale-{db_name}.prof" if profile else None
                 t0 = time.perf_counter()
-                raw = run_tunehub(ctx.scratch / f"scale-{db_name}-home", url, trials, prof)
+                raw = run_tunehub(ctx.scratch / f"scale-{db_name}-home", url, trials, prof,
+                                  steps)
                 ctx.log(f"scale: tunehub on {db_name} took {time.perf_counter() - t0:.0f} s")
                 entry["tunehub"] = digest(raw, trials)
             ctx.log(f"scale: {peer_trials} trials on {db_name} (plain Optuna ask/tell)")
@@ -205,8 +258,12 @@ class ScaleBenchmark(Benchmark):
             "database) on an "
             "**in-process backend whose trials finish the moment they launch** "
             "(`tuner/backends/instant.py`), so this isolates controller cost from process "
-            "start-up. Peer: plain Optuna's ask/tell loop with the same sampler config and "
-            "the same kind of storage, 4 trials in flight.",
+            "start-up. " + (
+                f"Every trial reports {result['steps']} intermediate values (the objective "
+                "scaled by step) through the same route, judged by successive halving (ASHA, "
+                "reduction factor 3): pruned trials stop there. " if result.get("steps") else
+                "") + "Peer: plain Optuna's ask/tell loop with the same sampler config and "
+            "the same kind of storage, 4 trials in flight (final values only).",
             "",
             f"\"Early\" = trials 51–150, \"late\" = the last 100 trials (of {n:,} for "
             f"tunehub, of {result.get('peer_trials', n):,} for plain Optuna).",
@@ -219,7 +276,8 @@ class ScaleBenchmark(Benchmark):
             rows = [
                 ("tunehub per trial (ask+launch+tell)", th.get("per_trial_s")),
                 ("  of which controller `_ask`", th.get("ask_s")),
-                ("  of which `_launch`", th.get("launch_s")),
+                ("  of which `_launch` (with the trial's reports)", th.get("launch_s")),
+                ("  one report (`report`: row, study, pruner)", th.get("report_s")),
                 ("  of which `_finish_trial` (tell)", th.get("tell_s")),
                 ("  suggestion (`study.ask` on the in-memory study, inside `_ask`)",
                  th.get("optuna_ask_s")),
@@ -253,6 +311,15 @@ class ScaleBenchmark(Benchmark):
                     f"{ms(sugg.get('p50'))} / {ms(sugg.get('p95'))} | "
                     f"{d.get('max_rss_mib', 0):.0f} MiB |"
                 )
+        for db_name, entry in result["databases"].items():
+            mem = entry.get("tunehub", {}).get("mirror")
+            if mem:
+                lines += ["", (
+                    f"{db_name}: the controller's study in memory at {mem['trials']:,} trials "
+                    f"holds {mem['held_bytes'] / 2**20:.1f} MiB "
+                    f"({mem['bytes_per_trial'] / 1024:.1f} KiB per trial, tracemalloc); a "
+                    f"resuming controller loads it in {secs(mem['load_s'])}, in a worker "
+                    "thread (the event loop goes on).")]
         lines += [
             "",
             "Targets (issue 6): per-trial cost within 2× from trial 100 to the last trial; "

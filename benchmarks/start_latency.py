@@ -1,8 +1,8 @@
 """Trial start latency: from the controller launching a trial to the user's code running with
 TensorFlow imported. tunehub cold (``TUNEHUB_WARM_START=0``: a new Python process per trial)
 against warm (trials forked from a process that already imported TensorFlow, see
-``tuner/backends/zygote.py``); peer: Ray Tune, whose trainable imports TensorFlow, from Tune's
-``on_trial_start`` to the trainable's code running.
+``tuner/backends/zygote_process.py``); peer: Ray Tune, whose trainable imports TensorFlow, from
+Tune's ``on_trial_start`` to the trainable's code running.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from hub.accounts import AccountError, AccountStore, provision_system_user, rand
 class _AccountsBase(BaseHandler):
     @property
     def store(self) -> AccountStore:
-        return self.authenticator.store  # type: ignore[no-any-return]
+        return self.authenticator.store
 
 
 class AccountsHandler(_AccountsBase):

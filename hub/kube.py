@@ -28,11 +28,10 @@ from traitlets.config import Configurable
 
 from hub import notebook
 from hub.kube_spawner import TunehubKubeSpawner
+from tuner.gpu_names import GpuNames
 
 #: Where the chart mounts its values (the hub Deployment sets TUNEHUB_HUB_VALUES to this).
 DEFAULT_VALUES_PATH = "/usr/local/etc/tunehub/values.yaml"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 NOTEBOOK_PORT = 8888
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: JupyterLab's news pop-up and update check call out to jupyter.org; off unless
@@ -45,9 +44,10 @@ TUNER_STARTUP_WAIT = 2
 SINGLEUSER_COMMAND = "jupyterhub-singleuser"
 
 _QUANTITY = re.compile(r"^([0-9.]+)(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
-_FACTOR = {None: 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-           "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-           "Pi": 2**50, "Ei": 2**60}
+_FACTOR: dict[str | None, Decimal | int] = {
+    None: 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "Pi": 2**50, "Ei": 2**60}
 
 
 class ValuesError(ValueError):
@@ -130,6 +130,7 @@ def profile_list(values: dict[str, Any]) -> list[dict[str, Any]]:
     the culler reads ``gpus``, the spawner filters by ``groups`` and checks ``gpu_type``.
     """
     inventory = gpu_inventory(values)
+    names = GpuNames.from_values(values)
     out = []
     for i, p in enumerate(values["notebooks"]["profiles"]):
         where = f"notebooks.profiles[{i}]"
@@ -148,13 +149,10 @@ def profile_list(values: dict[str, Any]) -> list[dict[str, Any]]:
             known = ", ".join(inventory) or "none configured"
             raise ValuesError(f"{where}.gpuType: {gpu_type!r} is not in gpuTypes ({known})")
         if gpus:
-            override["extra_resource_limits"] = {GPU_RESOURCE: str(gpus)}
-            # GPU nodes are usually tainted so that CPU work stays off them.
-            override["tolerations"] = [
-                {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-            ]
+            override["extra_resource_limits"] = {names.resource: str(gpus)}
+            override["tolerations"] = [names.toleration()]
             if gpu_type:
-                override["node_selector"] = {GPU_PRODUCT_LABEL: inventory[gpu_type]["product"]}
+                override["node_selector"] = {names.product_label: inventory[gpu_type]["product"]}
         else:
             # Images built on CUDA bases set NVIDIA_VISIBLE_DEVICES=all; with the NVIDIA runtime
             # as the node default a CPU-only pod would otherwise see every GPU of its node.

@@ -28,6 +28,7 @@ from traitlets import Bool, Dict, List, Unicode, default
 from hub.spawn_refused import SpawnRefused
 from tuner import unix_users
 from tuner.backends.gpus import GpuPool, discover_gpus
+from tuner.unix_users import UnixUser
 
 
 def default_profiles(gpu_count: int) -> list[dict[str, Any]]:
@@ -87,7 +88,7 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
     def _default_unix_users(self) -> bool:
         return unix_users.enabled()
 
-    def system_user(self) -> unix_users.UnixUser:
+    def system_user(self) -> UnixUser:
         """The account's system user (made now if the account predates isolation)."""
         from tuner.settings import load_settings
 

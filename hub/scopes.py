@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.api.auth import ADMIN, HIGH_PRIORITY, READ, SCOPES, SUBMIT
+from tuner.scopes import ADMIN, HIGH_PRIORITY, READ, SCOPES, SUBMIT
 
 
 def access_scope(service_name: str) -> str:
@@ -75,7 +75,7 @@ def configure(
         name: {"description": text} for name, text in SCOPES.items()
     }
     c.JupyterHub.extra_user_scopes = user_scopes(service_name)
-    groups = {ADMIN_GROUP: {}, high_priority_group: {}}
+    groups: dict[str, dict[str, Any]] = {ADMIN_GROUP: {}, high_priority_group: {}}
     c.JupyterHub.load_groups = {**groups, **c.JupyterHub.get("load_groups", {})}
     c.JupyterHub.load_roles = [
         *c.JupyterHub.get("load_roles", []),

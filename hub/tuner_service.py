@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from tuner.api.auth import ADMIN, READ, SUBMIT
+from tuner.scopes import ADMIN, READ, SUBMIT
 from tuner.settings import Settings
 
 SERVICE_NAME = "tuner"

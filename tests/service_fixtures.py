@@ -108,7 +108,7 @@ def running_tuner_hub(
 ) -> Iterator[TunerHub]:
     """The hub and its tuner service; ``extra_env`` goes to the service (e.g. the Kubernetes
     backend's settings)."""
-    from tuner.api.auth import SCOPES
+    from tuner.scopes import SCOPES
 
     home = tmp_path / "hub"
     home.mkdir()

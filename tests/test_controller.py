@@ -43,7 +43,7 @@ class Lab:
 
     tmp: Path
     db_url: str
-    backend: InstantBackend = field(default_factory=lambda: InstantBackend(hold))
+    backend: InstantBackend = field(default_factory=lambda: InstantBackend(script=hold))
     engines: list[Engine] = field(default_factory=list)
 
     def __post_init__(self) -> None:

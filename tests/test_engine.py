@@ -48,6 +48,23 @@ def test_sweep_runs_every_trial_and_records_results(home: Home, tmp_path: Path) 
     assert [s["id"] for s in listed] == [out["id"]]
 
 
+def test_study_says_whose_sweep_it_is(home: Home, tmp_path: Path) -> None:
+    """optuna-dashboard opened on our database lists studies by name and shows their user
+    attributes: plain Optuna reads owner, sweep id and sweep name from each sweep's study."""
+    home.extra_env["TUNEHUB_USER"] = "alice"
+    ids = {}
+    for name in ("digits-mlp", "digits-cnn"):
+        spec = write_sweep(tmp_path / name, QUADRATIC, name=name, trials=1, parallelism=1)
+        run = home.cli("sweep", "run", str(spec), "--wait", "--json", check=True)
+        ids[name] = parse_json(run.stdout)["id"]
+    studies = {s.study_name: s for s in optuna.get_all_study_summaries(home.db_url)}
+    assert len(studies) == 2
+    for name, sweep_id in ids.items():
+        study = studies[_study_name(home, sweep_id)]
+        assert study.user_attrs == {"owner": "alice", "sweep_id": sweep_id, "sweep_name": name}
+        assert study.study_name.startswith(f"alice/{name}/")
+
+
 def _study_name(home: Home, sweep_id: int) -> str:
     from tuner.db import Database, Sweep
 

@@ -18,6 +18,7 @@ from tests.kube.waiting import eventually
 from tuner.backends._base import TrialEvent, TrialLaunch
 from tuner.backends.kubernetes import GpuType, KubernetesBackend, KubeSettings
 from tuner.backends.kubernetes import manifests as m
+from tuner.gpu_names import GpuNames
 from tuner.spec import Resources, SpecError, SweepSpec
 from tuner.trial import ENV_TOKEN
 
@@ -629,7 +630,8 @@ async def test_preempted_low_priority_trial_is_rerun_by_its_job(
         kube_env.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "notebook"},
                          "spec": {"priorityClassName": "notebooks", "restartPolicy": "Never",
                                   "securityContext": RESTRICTED_POD,
-                                  "nodeSelector": {m.GPU_PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"},
+                                  "nodeSelector": {
+                                      GpuNames().product_label: "NVIDIA-A100-SXM4-80GB"},
                                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
                                   "containers": [{
                                       "name": "nb", "image": "notebook",

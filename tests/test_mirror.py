@@ -4,7 +4,11 @@ sees every trial with its values, and an ask reads nothing whose size grows with
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -201,3 +205,65 @@ def test_a_trial_reads_the_same_whatever_the_history(study: tuple[SweepSpec, str
                    and "trials.number = " not in s and "trials.trial_id < " not in s]
     assert whole_study == []
     assert len(mirror.get_trials(deepcopy=False)) == 50 == len(_db_trials(name, url))
+
+
+def test_a_controller_loads_its_study_off_the_event_loop(
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A resumed sweep's study is read whole when its controller starts (about a second at
+    10,000 trials): that happens in a worker thread, not on the event loop the engine's other
+    sweeps and the report API share."""
+    from benchmarks._tunehub import run_sweep, settings_for
+    from benchmarks.scale import scale_spec
+    from tuner.backends.instant import InstantBackend
+    from tuner.db import Database
+
+    caplog.set_level(logging.DEBUG, logger="tunehub.mirror")
+    db = Database(db_url)
+    try:
+        run = asyncio.run(run_sweep(settings_for(tmp_path / "home", db_url), db,
+                                    SweepSpec.from_dict(scale_spec(4)), InstantBackend()))
+    finally:
+        db.dispose()
+        storage_for(db_url).engine.dispose()
+        storage_for.cache_clear()
+    assert run.state == "completed"
+    loads = [r for r in caplog.records if "mirrored" in r.getMessage()]
+    assert loads and all(r.thread != threading.get_ident() for r in loads)
+
+
+def test_reports_and_tells_write_without_reading_the_trial_back(
+    study: tuple[SweepSpec, str, str],
+) -> None:
+    """A report is one insert of the intermediate value and a tell one update of the trial's
+    state with its value: neither reads the trial's parameters and attributes back from the
+    database (``Study.tell``/``Trial.report`` on the database study read the whole trial one to
+    three times per call)."""
+    spec, name, url = study
+    mirror = StudyMirror(spec, name, url)
+    asked = mirror.ask(spec.distributions())
+    trial = mirror.trial(asked.number, asked.trial_id)
+    statements: list[str] = []
+
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(" ".join(statement.split()))
+
+    engine = storage_for(url).engine
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        trial.report(0.5, 1)
+        trial.report(0.7, 1)  # a step already reported: Optuna keeps the first, no write
+        trial.report(0.6, 2)
+        mirror.tell(asked.number, 0.6)
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    writes = [s.split(" SET ")[0].split(" (")[0] for s in statements
+              if not s.startswith("SELECT")]
+    assert writes == ["INSERT INTO trial_intermediate_values"] * 2 + [
+        "UPDATE trials", "INSERT INTO trial_values"]
+    whole_trial = [s for s in statements if s.startswith("SELECT") and any(
+        f"FROM {table}" in s for table in ("trial_params", "trial_system_attributes",
+                                           "trial_user_attributes"))]
+    assert whole_trial == []
+    assert len(statements) <= 10
+    assert _view(mirror.get_trials(deepcopy=False)) == _view(_db_trials(name, url))

@@ -107,3 +107,50 @@ def test_resume_refuses_finished_and_running_sweeps(sqlite_home: Home, tmp_path:
     assert proc.returncode == 2
     expected = f"tunehub: error: sweep {out['id']} is completed; nothing to resume"
     assert proc.stderr.strip() == expected
+
+
+GATED = """
+import pathlib, time, tuner
+p = tuner.params()
+while not pathlib.Path({gate!r}).exists():
+    time.sleep(0.05)  # the workload: blocked until the test opens the gate
+tuner.report(p["x"], step=1)
+"""
+
+
+def test_resume_finds_a_study_named_by_an_earlier_version(
+    sqlite_home: Home, tmp_path: Path
+) -> None:
+    """Studies were once named ``tunehub-<hex>``; a sweep of that time resumes on its study
+    (lookups read the sweep row's ``study_name``, never rebuild the name)."""
+    gate = tmp_path / "gate"
+    spec = write_sweep(tmp_path / "code", GATED.format(gate=str(gate)), trials=2, parallelism=1,
+                       max_retries=0)
+    submitted = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--json", check=True).stdout)
+    sweep_id, controller = submitted["id"], submitted["controller_pid"]
+    db = Database(sqlite_home.db_url)
+
+    def running() -> bool:
+        with db.session() as s:
+            return s.scalar(select(Trial.id).where(Trial.sweep_id == sweep_id,
+                                                   Trial.state == "running")) is not None
+
+    wait_for(running, what="a trial to run")
+    os.kill(controller, signal.SIGKILL)
+    wait_for(lambda: not _pid_alive(controller), what="controller to die")
+    old_name = "tunehub-0123456789abcdef0123456789abcdef"
+    with db.engine.begin() as conn:
+        new_name = conn.execute(text("SELECT study_name FROM tunehub_sweeps WHERE id = :i"),
+                                {"i": sweep_id}).scalar_one()
+        conn.execute(text("UPDATE studies SET study_name = :old WHERE study_name = :new"),
+                     {"old": old_name, "new": new_name})
+        conn.execute(text("UPDATE tunehub_sweeps SET study_name = :old WHERE id = :i"),
+                     {"old": old_name, "i": sweep_id})
+    gate.touch()
+
+    resumed = sqlite_home.cli("sweep", "resume", str(sweep_id), "--wait", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    out = parse_json(resumed.stdout)
+    assert out["state"] == "completed" and out["completed"] == 2, out
+    study = optuna.load_study(study_name=old_name, storage=sqlite_home.db_url)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tuner.spec import SpecError, SweepSpec, parse_duration
+from tuner.spec import FIELDS, REQUIRED, SpecError, SweepSpec, parse_duration
+from tuner.spec_values import Promote, Resources
 
 BASE: dict[str, Any] = {
     "name": "digits-mlp",
@@ -42,6 +44,29 @@ def test_full_spec_round_trips() -> None:
     assert SweepSpec.from_dict(s.to_dict()) == s
     dists = s.distributions()
     assert dists["lr"].log and dists["units"].high == 512
+
+
+def test_the_declaration_drives_fields_defaults_and_to_dict() -> None:
+    """One declaration (SweepSpec's fields) is the field list, the required fields, the
+    defaults a minimal spec gets and the keys of to_dict: adding a field cannot miss one."""
+    declared = [f.name for f in dataclasses.fields(SweepSpec)]
+    assert list(FIELDS) == declared
+    assert REQUIRED == ("name", "command", "metric", "space")
+    s = SweepSpec.from_dict(BASE)
+    assert list(s.to_dict()) == declared
+    for f in dataclasses.fields(SweepSpec):
+        if f.name in REQUIRED:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        assert getattr(s, f.name) == default, f.name
+    assert s.resources == Resources() and s.to_dict()["resources"] == {
+        f.name: getattr(Resources(), f.name) for f in dataclasses.fields(Resources)}
+    with pytest.raises(SpecError) as err:
+        SweepSpec.from_dict(spec(colour="red"))
+    assert err.value.message == f"unknown field; expected one of {', '.join(sorted(declared))}"
+    with pytest.raises(SpecError, match="promote.x: unknown field; expected one of model, policy"):
+        SweepSpec.from_dict(spec(promote={"model": "m", "x": 1}))
+    assert SweepSpec.from_dict(spec(promote={"model": "m"})).promote == Promote("m")
 
 
 @pytest.mark.parametrize(

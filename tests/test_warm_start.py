@@ -45,7 +45,7 @@ def test_warm_trials_are_isolated(sqlite_home: Home, tmp_path: Path) -> None:
     assert all(states[x][0] == "completed" for x in (0.2, 0.3, 0.4))
     parents = {r["ppid"] for r in runs.values()}
     assert len(parents) == 1, "all trials fork from one warm process"
-    assert "tuner.backends.zygote" in runs[0]["parent"]
+    assert "tuner.backends.zygote_process" in runs[0]["parent"]
     assert len({r["pid"] for r in runs.values()}) == 4, "each trial is its own process"
     assert all(r["leaked"] is None for r in runs.values()), "no state carried over"
     assert len({r["random"] for r in runs.values()}) == 4, "random state reseeded per trial"

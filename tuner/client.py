@@ -8,6 +8,7 @@ here first, with the same messages as the service.
 from __future__ import annotations
 
 import base64
+import builtins  # `list` names a method of a class below: its annotations say builtins.list
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -17,9 +18,9 @@ from typing import Any
 import httpx
 
 from tuner.errors import Conflict, Forbidden, NotFound, TunehubError, Unauthorized
+from tuner.run_function import COMMAND as FUNCTION_COMMAND
 from tuner.spec import SpecError, SweepSpec
 from tuner.states import SweepState, TrialState, trials_done
-from tuner.study import OPTUNA_STATES
 
 _ERRORS: dict[int, type[TunehubError]] = {
     401: Unauthorized,
@@ -98,7 +99,7 @@ class Sweep:
 
             if data.get("command"):
                 raise SpecError("command", "give either a command or a function")
-            data["command"] = "python -m tuner.run_function objective.pkl"
+            data["command"] = FUNCTION_COMMAND
             body["function"] = base64.b64encode(cloudpickle.dumps(function)).decode()
         elif data.get("code") is None and data.get("command"):
             data["code"] = os.getcwd()  # the notebook's directory, like a spec file's
@@ -145,7 +146,7 @@ class Sweep:
             f"completed, best {d['metric']}={d['best_value']}>"
         )
 
-    def trial_list(self) -> list[dict[str, Any]]:
+    def trial_list(self) -> builtins.list[dict[str, Any]]:
         return list(self.client.request("GET", f"sweeps/{self.id}/trials"))
 
     def trials(self) -> Any:
@@ -186,7 +187,7 @@ class Sweep:
         self._data = self.client.request("POST", f"sweeps/{self.id}/resume")
         return self
 
-    def model_versions(self) -> list[dict[str, Any]]:
+    def model_versions(self) -> builtins.list[dict[str, Any]]:
         model = ((self._data.get("spec") or {}).get("promote") or {}).get("model")
         if not model:
             return []
@@ -250,6 +251,8 @@ class Sweep:
     def plot(self) -> dict[str, Any]:
         """Optuna's optimisation history and parameter importances (plotly figures)."""
         import optuna
+
+        from tuner.study import OPTUNA_STATES
 
         self.refresh()
         spec = SweepSpec.from_dict(self._data["spec"])

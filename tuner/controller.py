@@ -26,7 +26,7 @@ from tuner.backends._base import COLD, TrialEvent, TrialLaunch
 from tuner.engine import Engine
 from tuner.errors import Conflict, Unauthorized
 from tuner.ledger import Counts
-from tuner.mirror import load_mirror
+from tuner.mirror import StudyMirror, load_mirror
 from tuner.promotion import SweepOrigin, register_best
 from tuner.recovery import Recovery
 from tuner.spec import SweepSpec
@@ -78,9 +78,11 @@ class SweepController:
             raise Conflict(f"sweep {sweep_id} needs the {sweep.backend} backend")
         self.backend = backend
         self.dir = sweep_dir(engine.settings, sweep_id)
+        self.study_name = sweep.study_name
         # The study in memory, kept in step with the database's: asks and should_prune never
-        # read the sweep's history back from the database (tuner.mirror).
-        self.study = load_mirror(self.spec, sweep.study_name, engine.db.url)
+        # read the sweep's history back from the database (tuner.mirror). Loaded by run(),
+        # off the event loop.
+        self.study: StudyMirror
 
     # --- ownership -----------------------------------------------------------------------
 
@@ -98,6 +100,10 @@ class SweepController:
     async def run(self) -> SweepState:
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat())
         try:
+            # Reading a resumed sweep's whole study takes a while (about a second at 10,000
+            # trials): in a thread, so the engine's other sweeps and the report API go on.
+            self.study = await asyncio.to_thread(
+                load_mirror, self.spec, self.study_name, self.engine.db.url)
             await self._recover()
             while True:
                 if self.cancel_requested or self.stop_reason is not None:

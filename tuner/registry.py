@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -25,12 +24,14 @@ from tuner.db import Database, ModelVersion, utcnow
 from tuner.errors import Forbidden, NotFound, TunehubError
 from tuner.ranking import is_better
 from tuner.serving_config import ServedModel, ServingConfig
+from tuner.spec import NAME_RE as MODEL_NAME
+from tuner.spec import POLICIES
 
 log = logging.getLogger(__name__)
 
+#: The stages a version can hold; a version that loses its stage becomes ``archived``.
 STAGES = ("production", "canary")
-POLICIES = ("if-better", "always", "never")
-MODEL_NAME = _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
+ARCHIVED = "archived"
 
 
 class RegistryError(TunehubError):
@@ -64,7 +65,7 @@ class Registry:
         is_admin: bool = False,
     ) -> ModelVersion:
         """Copy a SavedModel in as the model's next version and record its lineage."""
-        if not _NAME_RE.match(model):
+        if not MODEL_NAME.match(model):
             raise RegistryError(f"model name {model!r}: use lowercase letters, digits and '-'")
         source_dir = Path(source_dir)
         if not (source_dir / "saved_model.pb").exists():
@@ -126,7 +127,7 @@ class Registry:
     ) -> ModelVersion:
         """Give ``stage`` to ``version``; whoever held it is archived."""
         if stage not in STAGES:
-            raise RegistryError(f"stage: expected production | canary, got {stage!r}")
+            raise RegistryError(f"stage: expected {' | '.join(STAGES)}, got {stage!r}")
         with self.db.session() as s:
             row = s.scalar(
                 select(ModelVersion).where(
@@ -145,7 +146,7 @@ class Registry:
                 )
             )
             for old in holders:
-                old.stage = "archived"
+                old.stage = ARCHIVED
             row.stage = stage
             row.promoted_at = utcnow()
         self.write_serving_config()

@@ -20,7 +20,7 @@ from prometheus_client import Counter, Histogram
 
 from tuner.errors import NotFound
 from tuner.metrics import MetricsHandler
-from tuner.registry import Registry
+from tuner.registry import STAGES, Registry
 from tuner.serving_config import LABELS as SERVING_LABELS
 
 STAGE_TTL = 2.0
@@ -186,7 +186,7 @@ class StatusHandler(_Handler):
         status = [
             {
                 "version": str(r.version),
-                "state": "AVAILABLE" if r.stage in ("production", "canary") else "END",
+                "state": "AVAILABLE" if r.stage in STAGES else "END",
                 "status": {"error_code": "OK", "error_message": ""},
                 "stage": r.stage,
             }

@@ -1,7 +1,18 @@
 """Where tunehub keeps its state, read from the environment.
 
-One place reads ``TUNEHUB_*`` variables so the CLI, the tuner service, trials and the hub agree on
-paths. Nothing here creates files; callers ask for a directory with :func:`ensure_dirs`.
+This module is the one reader of the variables that say where state lives (:data:`STATE_VARS`:
+``TUNEHUB_HOME``, ``TUNEHUB_DB_URL``, ``TUNEHUB_DATA``, ``TUNEHUB_REGISTRY``,
+``TUNEHUB_SERVING_ROOT``), so the CLI, the tuner service, the hub and trials agree on paths. One
+exception: a trial's :func:`tuner.trial.data_dir` takes ``TUNEHUB_DATA`` as the controller or
+the notebook spawner set it, and falls back to this module. ``tests/test_layering.py`` keeps
+this true.
+
+Every other ``TUNEHUB_*`` variable configures one part and is read there: the hub's options
+(:mod:`hub.options`), the Kubernetes backend (``TUNEHUB_K8S_*``,
+:mod:`tuner.backends.kubernetes.settings`), a trial's own variables (:mod:`tuner.trial`), the
+service (:mod:`tuner.service`), ``tunehub up`` (:mod:`tuner.cli.up`), and so on.
+
+Nothing here creates files; callers ask for a directory with :func:`ensure_dirs`.
 """
 
 from __future__ import annotations
@@ -37,6 +48,10 @@ class Settings:
 
 
 SYSTEM_HOME = Path("/var/lib/tunehub")
+#: The variables :func:`load_settings` reads: where tunehub's state lives.
+STATE_VARS = (
+    "TUNEHUB_HOME", "TUNEHUB_DB_URL", "TUNEHUB_DATA", "TUNEHUB_REGISTRY", "TUNEHUB_SERVING_ROOT"
+)
 
 
 def default_home() -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import uuid
 
 import optuna
 from optuna.distributions import (
@@ -21,6 +22,7 @@ from optuna.samplers import BaseSampler
 from optuna.storages import RDBStorage
 
 from tuner.db.engine import engine_kwargs
+from tuner.optuna_adapter import GridSampler, trial_for
 from tuner.pruning import EnoughTrialsPruner, default_min_trials
 from tuner.spec import OUR_PRUNER_OPTIONS, SpecError, SweepSpec
 from tuner.states import TrialState
@@ -32,15 +34,6 @@ def check_sampler_available(spec: SweepSpec) -> None:
     """Optuna's GP sampler runs on PyTorch; say so at submission rather than mid-sweep."""
     if spec.sampler == "gp" and importlib.util.find_spec("torch") is None:
         raise SpecError("sampler", "gp needs PyTorch: pip install 'tunehub[gp]'")
-
-
-class GridSampler(optuna.samplers.GridSampler):
-    """Optuna's grid sampler without its ``study.stop()`` (only legal inside
-    ``study.optimize``); the controller stops at ``trials``, which submission caps at the grid
-    size."""
-
-    def after_trial(self, study, trial, state, values) -> None:  # type: ignore[no-untyped-def]
-        return None
 
 
 def check_grid_size(spec: SweepSpec) -> None:
@@ -115,8 +108,33 @@ def storage_for(url: str) -> RDBStorage:
     return RDBStorage(url, engine_kwargs=engine_kwargs(url))
 
 
-def create_study(spec: SweepSpec, study_name: str, url: str) -> optuna.Study:
-    return optuna.create_study(
+#: The study's user attributes that say whose sweep it is and which: optuna-dashboard opened on
+#: tunehub's database (or ``optuna.load_study(...).user_attrs``) shows them beside the results.
+OWNER_ATTR, SWEEP_ID_ATTR, SWEEP_NAME_ATTR = "owner", "sweep_id", "sweep_name"
+#: Room for a study name in the sweep row's ``study_name`` column.
+STUDY_NAME_LENGTH = 128
+
+
+def new_study_name(spec: SweepSpec, owner: str) -> str:
+    """A unique study name a person can read in optuna-dashboard's list:
+    ``<owner>/<sweep name>/<random>``.
+
+    The sweep's id cannot be in it: the study is created before the sweep's row (a controller
+    may load the study as soon as the row exists), so the id becomes a user attribute later
+    (:func:`record_sweep_id`). The name is never derived again: every lookup reads the sweep
+    row's ``study_name`` column, so studies named ``tunehub-<hex>`` by earlier versions keep
+    working as they are."""
+    suffix = uuid.uuid4().hex[:16]
+    room = STUDY_NAME_LENGTH - len(spec.name) - len(suffix) - 2
+    return f"{owner[:room]}/{spec.name}/{suffix}"
+
+
+def create_study(
+    spec: SweepSpec, study_name: str, url: str, owner: str | None = None
+) -> optuna.Study:
+    """The sweep's study in tunehub's database, with ``owner`` and the sweep's name as user
+    attributes when an owner is given."""
+    study = optuna.create_study(
         study_name=study_name,
         storage=storage_for(url),
         sampler=make_sampler(spec),
@@ -124,6 +142,18 @@ def create_study(spec: SweepSpec, study_name: str, url: str) -> optuna.Study:
         direction=spec.direction,
         load_if_exists=True,
     )
+    if owner is not None:
+        study.set_user_attr(OWNER_ATTR, owner)
+        study.set_user_attr(SWEEP_NAME_ATTR, spec.name)
+    return study
+
+
+def record_sweep_id(study_name: str, url: str, sweep_id: int) -> None:
+    """Name the sweep a study belongs to, once the sweep's row exists."""
+    study = optuna.load_study(
+        study_name=study_name, storage=storage_for(url), sampler=optuna.samplers.RandomSampler()
+    )
+    study.set_user_attr(SWEEP_ID_ATTR, sweep_id)
 
 
 def complete_params(
@@ -132,7 +162,7 @@ def complete_params(
     """The parameters of a trial Optuna created but did not finish suggesting for (its
     controller died inside ``study.ask``): the missing ones are suggested now, the way
     ``ask`` would have, so the trial keeps its number and runs with a full set."""
-    trial = optuna.trial.Trial(study, trial_id)
+    trial = trial_for(study, trial_id)
     for name, dist in distributions.items():
         if isinstance(dist, FloatDistribution):
             trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)

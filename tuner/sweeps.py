@@ -29,7 +29,14 @@ from tuner.snapshot import (
 )
 from tuner.spec import SpecError, SweepSpec
 from tuner.states import CANCELLED_REASON, SWEEP_CANCELLED, SweepState, TrialState
-from tuner.study import check_grid_size, check_sampler_available, create_study, storage_for
+from tuner.study import (
+    check_grid_size,
+    check_sampler_available,
+    create_study,
+    new_study_name,
+    record_sweep_id,
+    storage_for,
+)
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,8 @@ class SweepStore:
         # can take seconds, and an open write transaction would hold SQLite's one write lock
         # (trial reports, heartbeats) that long. Then the study: Optuna writes through its own
         # connection, which must not wait on a transaction of ours. Then our row, and the
-        # staged snapshot renamed into the sweep's directory (instant).
+        # staged snapshot renamed into the sweep's directory (instant). Last, after our
+        # commit, the study learns the sweep's id (a user attribute, for optuna-dashboard).
         self.settings.sweeps_dir.mkdir(parents=True, exist_ok=True)
         staging = self.settings.sweeps_dir / f".incoming-{uuid.uuid4().hex}"
         target: Path | None = None
@@ -123,8 +131,8 @@ class SweepStore:
             except PermissionError as exc:
                 raise SpecError("code", f"{code}: cannot be read by {actor.name} "
                                 f"({exc})") from None
-            study_name = f"tunehub-{uuid.uuid4().hex}"
-            create_study(spec, study_name, self.db.url)
+            study_name = new_study_name(spec, actor.name)
+            create_study(spec, study_name, self.db.url, owner=actor.name)
             with self.db.session() as s:
                 sweep = Sweep(
                     name=spec.name,
@@ -151,6 +159,7 @@ class SweepStore:
                 except KeyError:  # the study was never created
                     pass
             raise
+        record_sweep_id(sweep.study_name, self.db.url, sweep.id)
         return sweep
 
     def _check_model_name(self, spec: SweepSpec, actor: Actor) -> None:

@@ -17,7 +17,7 @@ from tuner.api.auth import UserHandler
 from tuner.api.base import parse_id
 from tuner.db import Sweep
 from tuner.errors import NotFound
-from tuner.registry import MODEL_NAME
+from tuner.spec import NAME_RE as MODEL_NAME
 
 
 class SweepRoute(UserHandler):

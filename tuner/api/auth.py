@@ -1,5 +1,5 @@
 """Who is calling: JupyterHub tokens and the hub's OAuth cookie, checked with HubAuth, and
-tunehub's custom scopes.
+tunehub's custom scopes (named in :mod:`tuner.scopes`).
 
 ``custom:tuner:read`` lets a caller see their own sweeps and models, ``custom:tuner:submit``
 lets them change them, ``custom:tuner:admin`` extends both to everyone's, and
@@ -14,24 +14,30 @@ method's scope a 403. What the caller may do with a named object is decided next
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
 
 from tuner.api.base import JsonHandler
 from tuner.errors import Forbidden, Unauthorized
+from tuner.scopes import ADMIN, HIGH_PRIORITY, READ, SUBMIT
 from tuner.sweeps import Actor
 
-READ = "custom:tuner:read"
-SUBMIT = "custom:tuner:submit"
-ADMIN = "custom:tuner:admin"
-HIGH_PRIORITY = "custom:tuner:priority-high"
-SCOPES = {
-    READ: "See your sweeps, trials and models in the tuner.",
-    SUBMIT: "Submit, cancel and resume your sweeps; promote your models.",
-    ADMIN: "See and change every user's sweeps and models.",
-    HIGH_PRIORITY: "Submit sweeps with priority: high.",
-}
+if TYPE_CHECKING:
+    from tuner.api.context import ServiceContext
+
+
+class _HubIdentity(TypedDict):
+    name: str
+
+
+class HubUser(_HubIdentity, total=False):
+    """The identity model the hub answers for a token or login cookie (its ``GET /api/user``),
+    as far as the service reads it. ``kind`` is ``user`` or ``service``; ``scopes`` are the
+    token's, already expanded by the hub."""
+
+    kind: str
+    scopes: list[str]
 
 
 def has_scope(scopes: list[str], wanted: str, user: str) -> bool:
@@ -50,20 +56,20 @@ class UserHandler(HubOAuthenticated, JsonHandler):
 
     scopes: ClassVar[dict[str, str]] = {"GET": READ, "POST": SUBMIT}
 
-    def initialize(self, ctx: Any) -> None:
+    def initialize(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
         self.hub_auth = ctx.hub_auth
 
     @property
-    def hub_scopes(self) -> None:  # type: ignore[override]
+    def hub_scopes(self) -> None:
         # Any identified hub user passes the mixin; our scopes are checked in prepare so the
         # caller gets a JSON reason.
         return None
 
     async def prepare(self) -> None:
         # HubAuth's synchronous get_user would block the loop on a round trip to the hub.
-        model = await self.hub_auth.get_user(self, sync=False)
-        user = None
+        model: HubUser | None = await self.hub_auth.get_user(self, sync=False)
+        user: HubUser | None = None
         if model:
             try:
                 user = self.check_hub_user(model)
@@ -74,7 +80,7 @@ class UserHandler(HubOAuthenticated, JsonHandler):
         self.actor = self._actor(self.scopes.get(self.request.method or "GET", READ))
 
     def _actor(self, scope: str) -> Actor:
-        user: dict[str, Any] | None = self.current_user  # type: ignore[assignment]
+        user: HubUser | None = self.current_user
         if not user or user.get("kind", "user") != "user":
             raise Unauthorized("a JupyterHub user token or login is required")
         name = str(user["name"])

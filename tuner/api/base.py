@@ -62,7 +62,7 @@ class JsonHandler(RequestHandler):
             log.info("%s %s -> %s: %s", self.request.method, self.request.path, e.status, e)
             self.send_error(e.status, exc_info=(type(e), e, e.__traceback__))
             return
-        super()._handle_request_exception(e)  # type: ignore[arg-type]
+        super()._handle_request_exception(e)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]

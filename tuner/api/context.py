@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from jupyterhub.services.auth import HubOAuth
 
 from tuner.backends import Backend
 from tuner.engine import Engine
+from tuner.registry import Registry
 from tuner.sweeps import SweepStore
 
 
 @dataclass
 class ServiceContext:
+    """The service's long-lived parts, handed to every handler by ``initialize(ctx=...)``.
+
+    Built once by :func:`tuner.service.serve`; the handlers reach the database only through
+    ``store`` and ``registry``, so each seam has the one owner that checks ownership."""
+
     engine: Engine
     store: SweepStore
-    registry: Any
-    hub_auth: Any
+    registry: Registry
+    # The process's one HubOAuth (see tuner.api.auth.make_hub_auth): the login state of the
+    # OAuth callback lives in it.
+    hub_auth: HubOAuth
     backends: dict[str, Backend]
     default_backend: str = "local"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tuner.api.access import ModelRoute
 from tuner.api.auth import UserHandler
 from tuner.api.base import ApiError, parse_id
+from tuner.registry import STAGES
 from tuner.serialize import model_version_view
 
 
@@ -25,8 +26,9 @@ class PromoteHandler(ModelRoute):
         number = parse_id(version, f"model {self.model} has no version {version[:40]}")
         body = self.json_body()
         stage = body.get("stage", "production")
-        if stage not in ("production", "canary"):
-            raise ApiError(400, f"stage: expected production | canary, got {stage!r}", "stage")
+        if stage not in STAGES:
+            raise ApiError(400, f"stage: expected {' | '.join(STAGES)}, got {stage!r}",
+                           "stage")
         unknown = sorted(set(body) - {"stage"})
         if unknown:
             raise ApiError(400, f"unknown field {unknown[0]!r}; expected stage", unknown[0])

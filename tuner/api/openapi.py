@@ -11,8 +11,10 @@ from typing import Any
 
 from tornado.web import RequestHandler
 
-from tuner.api.auth import READ, SUBMIT
 from tuner.api.base import MAX_ID
+from tuner.backends import BACKENDS
+from tuner.registry import ARCHIVED, STAGES
+from tuner.scopes import READ, SUBMIT
 from tuner.states import SweepState, TrialState
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -88,7 +90,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["spec"],
         "properties": {
             "spec": {"type": "object", "description": "the sweep spec (README, DESIGN.md)"},
-            "backend": {"type": "string", "enum": ["local", "kubernetes"]},
+            "backend": {"type": "string", "enum": list(BACKENDS)},
             "function": {
                 "type": "string",
                 "description": "base64 cloudpickle of a callable(params) -> float, instead of "
@@ -161,7 +163,7 @@ SCHEMAS: dict[str, Any] = {
         "model": {"type": "string"},
         "version": {"type": "integer"},
         "owner": {"type": "string"},
-        "stage": _nullable("string", enum=["production", "canary", "archived", None]),
+        "stage": _nullable("string", enum=[*STAGES, ARCHIVED, None]),
         "path": {"type": "string"},
         "metric": {"type": "string"},
         "direction": {"type": "string"},
@@ -176,7 +178,7 @@ SCHEMAS: dict[str, Any] = {
     }),
     "PromoteRequest": {
         "type": "object",
-        "properties": {"stage": {"type": "string", "enum": ["production", "canary"]}},
+        "properties": {"stage": {"type": "string", "enum": list(STAGES)}},
     },
     "Report": {
         "type": "object",

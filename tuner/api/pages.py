@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado.web import RequestHandler, authenticated
 
+if TYPE_CHECKING:
+    from tuner.api.context import ServiceContext
+
 
 class IndexHandler(HubOAuthenticated, RequestHandler):
-    def initialize(self, ctx: Any, web_dir: Path) -> None:
+    def initialize(self, ctx: ServiceContext, web_dir: Path) -> None:
         self.hub_auth = ctx.hub_auth
         self.web_dir = web_dir
 
     @property
-    def hub_scopes(self) -> None:  # type: ignore[override]
+    def hub_scopes(self) -> None:
         return None
 
     @authenticated

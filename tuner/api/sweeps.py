@@ -14,11 +14,11 @@ from tuner.api.access import SweepRoute
 from tuner.api.auth import UserHandler
 from tuner.api.base import ApiError, parse_id
 from tuner.metrics import SWEEPS_SUBMITTED
+from tuner.run_function import COMMAND as FUNCTION_COMMAND
+from tuner.run_function import FUNCTION_FILE
 from tuner.serialize import sweep_view, trial_view
 from tuner.spec import SpecError, SweepSpec
 
-FUNCTION_FILE = "objective.pkl"
-FUNCTION_COMMAND = f"python -m tuner.run_function {FUNCTION_FILE}"
 MAX_FUNCTION_BYTES = 20 * 1024 * 1024
 
 
@@ -102,6 +102,7 @@ class TrialsHandler(SweepRoute):
         sid = self.sweep.id
         reports = self.ctx.store.reports(sid, self.actor)
         trials = self.ctx.store.trials(sid, self.actor)
+        # Until SweepStore.trials says builtins.list (see pyproject.toml's [tool.mypy]).
         self.send([trial_view(t, reports.get(t.number, [])) for t in trials])
 
 

@@ -47,14 +47,24 @@ class Outcome:
     steps: tuple[float, ...] = ()
     fail: str | None = None
     hold: bool = False
+    last: bool = False  # the last of ``steps`` says so (as the Keras callback's last epoch)
 
 
 #: What each attempt does, from its launch and its parameters.
 Script = Callable[[TrialLaunch, dict[str, Any]], Outcome]
 
 
-def quadratic_script(launch: TrialLaunch, params: dict[str, Any]) -> Outcome:
-    return Outcome(value=quadratic(params))
+def quadratic_script(steps: int = 0) -> Script:
+    """The benchmarks' trials: :func:`quadratic` as the result, after ``steps`` intermediate
+    reports of it scaled by step/steps (the last one marked last), each judged by the sweep's
+    pruner."""
+
+    def script(launch: TrialLaunch, params: dict[str, Any]) -> Outcome:
+        value = quadratic(params)
+        return Outcome(value=value, steps=tuple(value * s / steps for s in range(1, steps + 1)),
+                       last=True)
+
+    return script
 
 
 class InstantBackend(Backend):
@@ -62,9 +72,11 @@ class InstantBackend(Backend):
 
     name = "instant"
 
-    def __init__(self, script: Script = quadratic_script) -> None:
+    def __init__(self, steps: int = 0, script: Script | None = None) -> None:
+        """``script``: what each attempt does; by default :func:`quadratic_script` with
+        ``steps`` intermediate reports."""
         super().__init__()
-        self.script = script
+        self.script = script or quadratic_script(steps)
         self.engine: Engine | None = None
         self.launches: list[TrialLaunch] = []
         self.cancels: list[tuple[int, int]] = []
@@ -129,7 +141,8 @@ class InstantBackend(Backend):
         assert self.engine is not None, "bind() the engine first"
         token = launch.env[ENV_TOKEN]
         for step, value in enumerate(outcome.steps, start=1):
-            if self.engine.report(launch.trial_id, token, launch.attempt, value, step):
+            last = outcome.last and step == len(outcome.steps)
+            if self.engine.report(launch.trial_id, token, launch.attempt, value, step, last):
                 await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED,
                                            1, "told to prune"))
                 return

@@ -13,7 +13,6 @@ without an active system user gets a failed attempt with the reason, never a roo
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import shlex
 import signal
@@ -33,24 +32,17 @@ from tuner.backends._base import (
 )
 from tuner.backends.gpus import GpuPool, discover_gpus
 from tuner.backends.multiworker import SIBLING_GRACE_SECONDS, free_ports, tf_config, worker_log
-from tuner.backends.warm import Zygote, preload_for
-from tuner.backends.zygote import warm_argv
+from tuner.backends.parent_death import die_with_parent as _die_with_parent
+from tuner.backends.warm import preload_for, warm_argv
+from tuner.backends.zygote import Zygote
 from tuner.spec import Resources, SpecError, SweepSpec
 from tuner.states import CANCELLED_REASON, EventKind
 from tuner.trial import ENV_ARTIFACT_DIR
 from tuner.workdirs import HEADER
 
 _SHELL_CHARS = set(";&|<>$`(){}*?~\n")
-_PR_SET_PDEATHSIG = 1
 KILL_GRACE_SECONDS = 5.0
-
-
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: SIGKILL me when my parent dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+PRELOAD_CACHE = 64  # sweeps × commands whose preload list is remembered
 
 
 def command_argv(command: str) -> list[str]:
@@ -116,7 +108,7 @@ class LocalBackend(Backend):
     """Runs attempts as processes of this machine.
 
     ``python script.py`` / ``python -m module`` trials start warm by default: forked from a
-    process that already imported TensorFlow (see :mod:`tuner.backends.zygote`). Set
+    process that already imported TensorFlow (see :mod:`tuner.backends.zygote_process`). Set
     ``TUNEHUB_WARM_START=0`` for a cold process per trial.
     """
 
@@ -141,6 +133,8 @@ class LocalBackend(Backend):
 
             self.unix = unix_users.UnixUsers.from_env(load_settings().home)
         self._attempts: dict[tuple[int, int], _Attempt] = {}
+        # (sweep, warm argv, spec's preload) -> modules its zygote preloads
+        self._preloads: dict[tuple[int, tuple[str, ...], object], tuple[str, ...]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def check(self, spec: SweepSpec) -> None:
@@ -206,7 +200,8 @@ class LocalBackend(Backend):
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = command_argv(launch.command)
         warm = warm_argv(argv, sys.executable) if self.warm else None
-        start = self._start_note(launch, warm)
+        preload = self._preload(launch, warm) if warm is not None else ()
+        start = self._start_note(launch, warm, preload)
         with open(launch.log_path, "a") as fh:
             fh.write(f"{HEADER} {start} ===\n")
         metrics.TRIAL_STARTS.labels("warm" if warm is not None else "cold").inc()
@@ -223,7 +218,8 @@ class LocalBackend(Backend):
                     wenv["TF_CONFIG"] = tf_config(hosts, index)
                     log = log if index == 0 else worker_log(launch.workdir, launch.attempt, index)
                 if warm is not None:
-                    procs.append(await self._start_warm(launch, warm, wenv, log, index, owner))
+                    procs.append(await self._start_warm(launch, warm, preload, wenv, log,
+                                                        index, owner))
                 else:
                     procs.append(await self._start_cold(launch, argv, wenv, log, owner))
         except OSError as exc:
@@ -246,12 +242,28 @@ class LocalBackend(Backend):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _start_note(self, launch: TrialLaunch, warm: list[str] | None) -> str:
+    def _preload(self, launch: TrialLaunch, warm: list[str]) -> tuple[str, ...]:
+        """What a warm trial's zygote preloads, worked out once per sweep and command: it
+        follows the import graph of the sweep's code snapshot, which does not change while
+        the sweep runs (every trial's directory links to the same files), and parsing it
+        again for each of thousands of short trials cost milliseconds of every launch."""
+        key = (launch.sweep_id, tuple(warm), launch.preload)
+        preload = self._preloads.get(key)
+        if preload is None:
+            preload = preload_for(launch.workdir, warm, launch.preload)
+            if len(self._preloads) >= PRELOAD_CACHE:
+                self._preloads.pop(next(iter(self._preloads)))
+            self._preloads[key] = preload
+        return preload
+
+    def _start_note(
+        self, launch: TrialLaunch, warm: list[str] | None, preload: tuple[str, ...]
+    ) -> str:
         """What the trial's log and ``sweep show`` say about how it started: a cold start
         costs seconds per trial (TensorFlow's import), so the user is told why."""
         if warm is not None:
             return "warm start (forked from a process that imported " + ", ".join(
-                preload_for(launch.workdir, warm, launch.preload)) + ")"
+                preload) + ")"
         if not self.warm:
             return f"{COLD} (warm starts are off: TUNEHUB_WARM_START=0)"
         return (
@@ -292,10 +304,10 @@ class LocalBackend(Backend):
         return proc.pid, done
 
     async def _start_warm(
-        self, launch: TrialLaunch, argv: list[str], env: dict[str, str], log_path: Path,
-        index: int = 0, owner: unix_users.UnixUser | None = None,
+        self, launch: TrialLaunch, argv: list[str], preload: tuple[str, ...],
+        env: dict[str, str], log_path: Path, index: int = 0,
+        owner: unix_users.UnixUser | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
-        preload = preload_for(launch.workdir, argv, launch.preload)
         # One warm process per owner: it runs as them, so what it forks (and whatever earlier
         # requests left in its memory) is theirs alone.
         zkey = (preload, owner.login if owner is not None else "")

@@ -1,181 +1,109 @@
-"""Warm trial starts: a process that imports TensorFlow once and forks each trial from itself.
-
-A new Python process importing TensorFlow costs seconds; a fork of one that already did costs
-milliseconds. Every trial still gets a process of its own (a fresh Keras session, its own
-memory), so a trial that crashes or leaks cannot affect the next one: it is only the imports that
-are shared, copy-on-write.
-
-Protocol: JSON lines over a socket pair with the backend. ``{"op": "spawn", "id", "argv",
-"cwd", "env", "log"}`` in; ``{"op": "spawned", "id", "pid"}``, ``{"op": "exited", "id", "code"}``
-and ``{"op": "error", "id", "error"}`` out. ``code`` is negative for a signal, like asyncio's.
-
-Run as ``python -m tuner.backends.zygote FD MODULE[,MODULE...]``.
-"""
+"""The backend's side of warm starts: a zygote process (one per set of preloaded modules and
+owner) that forks trials, and the JSON-lines pump that talks to it."""
 
 from __future__ import annotations
 
-import ctypes
-import importlib
+import asyncio
 import json
 import os
-import random
-import runpy
-import selectors
-import signal
 import socket
 import sys
-import traceback
+from pathlib import Path
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
+from tuner import unix_users
+from tuner.backends._base import inherited_environment
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+class Zygote:
+    """A running zygote (:mod:`tuner.backends.zygote_process`) and its message pump."""
 
+    def __init__(self, preload: tuple[str, ...],
+                 owner: unix_users.UnixUser | None = None) -> None:
+        self.preload = preload
+        self.owner = owner  # run as this system user (from exec on), or as we run
+        self.proc: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._spawned: dict[str, asyncio.Future[int]] = {}
+        self._exited: dict[str, asyncio.Future[int]] = {}
+        self._reader_task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
 
-def warm_argv(argv: list[str], python: str) -> list[str] | None:
-    """``["python", "train.py", ...]`` or ``["python", "-m", "mod", ...]`` run in this
-    interpreter can start warm; anything else (another program, flags) starts cold."""
-    if len(argv) < 2:
-        return None
-    exe = argv[0]
-    names = {"python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"}
-    if exe not in names and os.path.realpath(exe) != os.path.realpath(python):
-        return None
-    if argv[1] == "-m" and len(argv) >= 3:
-        return argv[1:]
-    if argv[1].startswith("-"):
-        return None
-    return argv[1:]
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
 
+    async def start(self) -> None:
+        ours, theirs = socket.socketpair()
+        env = self.owner.environment(os.environ) if self.owner else inherited_environment()
+        env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tuner.backends.zygote_process", str(theirs.fileno()),
+            ",".join(self.preload),
+            pass_fds=(theirs.fileno(),),
+            stdin=asyncio.subprocess.DEVNULL,
+            env=env,
+            cwd="/" if self.owner else None,  # not the service's (private) directory
+            preexec_fn=unix_users.privilege_dropper(self.owner) if self.owner else None,
+        )
+        theirs.close()
+        reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+        self._ready = asyncio.get_running_loop().create_future()
+        self._reader_task = asyncio.get_running_loop().create_task(self._pump(reader))
+        await self._ready
 
-def _run_child(request: dict[str, Any], sock: socket.socket) -> None:
-    """In the forked child: become the trial. Never returns."""
-    code = 1
-    try:
-        sock.close()
-        os.setsid()
-        _die_with_parent()
-        fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        sys.stdout = os.fdopen(1, "w", buffering=1)
-        sys.stderr = os.fdopen(2, "w", buffering=1)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        # A fork copies the random state: reseed so trials do not share "random" numbers.
-        random.seed()
-        np = sys.modules.get("numpy")
-        if np is not None:
-            np.random.seed(int.from_bytes(os.urandom(4), "little"))
-        args = request["argv"]
-        sys.path.insert(0, request["cwd"])
-        if args[0] == "-m":
-            sys.argv = [args[1], *args[2:]]
-            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(args)
-            sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
-            runpy.run_path(args[0], run_name="__main__")
-        code = 0
-    except SystemExit as exc:
-        if exc.code is None:
-            code = 0
-        elif isinstance(exc.code, int):
-            code = exc.code
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    finally:
+    async def _pump(self, reader: asyncio.StreamReader) -> None:
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            while line := await reader.readline():
+                msg: dict[str, Any] = json.loads(line)
+                op, key = msg.get("op"), msg.get("id", "")
+                if op == "ready" and self._ready and not self._ready.done():
+                    self._ready.set_result(None)
+                elif op == "spawned":
+                    self._resolve(self._spawned.pop(key, None), msg["pid"])
+                elif op == "exited":
+                    self._resolve(self._exited.pop(key, None), msg["code"])
+                elif op == "error":
+                    fut = self._spawned.pop(key, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(OSError(msg.get("error", "fork failed")))
         finally:
-            os._exit(code)
+            # The zygote died: its children died with it (PDEATHSIG).
+            if self._ready and not self._ready.done():
+                self._ready.set_exception(OSError("the warm-start process exited"))
+            for fut in [*self._spawned.values()]:
+                if not fut.done():
+                    fut.set_exception(OSError("the warm-start process exited"))
+            for fut in [*self._exited.values()]:
+                self._resolve(fut, -9)
+            self._spawned.clear()
+            self._exited.clear()
 
+    @staticmethod
+    def _resolve(fut: asyncio.Future[int] | None, value: int) -> None:
+        if fut is not None and not fut.done():
+            fut.set_result(value)
 
-def _preload(modules: list[str]) -> None:
-    """Import ``modules`` with file descriptor 2 silenced: TensorFlow's import chatter (oneDNN,
-    absl) would otherwise land on the terminal of whoever runs the sweep. A module that fails to
-    import is skipped; the trial that needs it reports the error in its own log."""
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    sys.stderr.flush()
-    os.dup2(devnull, 2)
-    try:
-        for module in modules:
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                pass
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    async def spawn(
+        self, key: str, argv: list[str], cwd: Path, env: dict[str, str], log: Path
+    ) -> tuple[int, asyncio.Future[int]]:
+        """Fork a trial; returns its pid and a future of its exit code."""
+        assert self._writer is not None
+        loop = asyncio.get_running_loop()
+        spawned: asyncio.Future[int] = loop.create_future()
+        exited: asyncio.Future[int] = loop.create_future()
+        self._spawned[key], self._exited[key] = spawned, exited
+        request = {"op": "spawn", "id": key, "argv": argv, "cwd": str(cwd), "env": env,
+                   "log": str(log)}
+        self._writer.write(json.dumps(request).encode() + b"\n")
+        await self._writer.drain()
+        return await spawned, exited
 
-
-def serve(fd: int, preload: list[str]) -> None:
-    _die_with_parent()
-    _preload(preload)
-    sock = socket.socket(fileno=fd)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ, "sock")
-    sel.register(wake_r, selectors.EVENT_READ, "wake")
-    children: dict[int, str] = {}
-    buffer = b""
-
-    def send(message: dict[str, Any]) -> None:
-        sock.sendall(json.dumps(message).encode() + b"\n")
-
-    send({"op": "ready", "pid": os.getpid()})
-    while True:
-        for key, _ in sel.select():
-            if key.data == "wake":
-                os.read(wake_r, 4096)
-            else:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return  # the backend went away; our children die with us
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    request = json.loads(line)
-                    try:
-                        pid = os.fork()
-                    except OSError as exc:
-                        send({"op": "error", "id": request["id"], "error": str(exc)})
-                        continue
-                    if pid == 0:
-                        _run_child(request, sock)
-                    children[pid] = request["id"]
-                    send({"op": "spawned", "id": request["id"], "pid": pid})
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            send({"op": "exited", "id": children.pop(pid, ""), "pid": pid, "code": code})
-
-
-if __name__ == "__main__":
-    serve(int(sys.argv[1]), [m for m in sys.argv[2].split(",") if m] if len(sys.argv) > 2 else [])
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        if self._reader_task is not None:
+            await asyncio.gather(self._reader_task, return_exceptions=True)

@@ -16,7 +16,7 @@ from tuner.spec import SweepSpec
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits" / "sweep.yaml"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="run the digits example sweep and promote its best model")
     p.add_argument("--trials", type=int, default=None, help="override the example's trials")
     p.add_argument("--json", action="store_true", help="machine-readable output")

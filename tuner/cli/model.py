@@ -10,11 +10,11 @@ from rich.table import Table
 from tuner.cli import context
 from tuner.cli.errors import CliError
 from tuner.cli.render import console, print_json
-from tuner.registry import Registry
+from tuner.registry import STAGES, Registry
 from tuner.serialize import model_version_view
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("model", help="the model registry")
     s = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
 
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     promote = s.add_parser("promote", help="move a stage to a version")
     promote.add_argument("name")
     promote.add_argument("version", type=_version)
-    promote.add_argument("--stage", choices=("production", "canary"), default="production")
+    promote.add_argument("--stage", choices=STAGES, default="production")
     promote.add_argument("--json", action="store_true", help="machine-readable output")
     promote.set_defaults(handler=cmd_promote)
 

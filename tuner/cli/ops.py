@@ -7,6 +7,7 @@ works on ``TUNEHUB_HOME`` directly. Both answer with the same JSON views.
 
 from __future__ import annotations
 
+import builtins  # `list` names a method of a class below: its annotations say builtins.list
 import os
 from typing import Any
 
@@ -30,10 +31,12 @@ class LocalOps:
     def list(self) -> list[dict[str, Any]]:
         return [sweep_view(s) for s in context.store().list(context.actor())]
 
-    def trials(self, sweep_id: int) -> list[dict[str, Any]]:
+    def trials(self, sweep_id: int) -> builtins.list[dict[str, Any]]:
         store, actor = context.store(), context.actor()
         reports = store.reports(sweep_id, actor)
-        return [trial_view(t, reports.get(t.number, [])) for t in store.trials(sweep_id, actor)]
+        trials = store.trials(sweep_id, actor)
+        # Until SweepStore.trials says builtins.list (see pyproject.toml's [tool.mypy]).
+        return [trial_view(t, reports.get(t.number, [])) for t in trials]
 
     def cancel(self, sweep_id: int) -> dict[str, Any]:
         return sweep_view(context.store().request_cancel(sweep_id, context.actor()))
@@ -61,7 +64,7 @@ class RemoteOps:
     def list(self) -> list[dict[str, Any]]:
         return list(self.client.request("GET", "sweeps"))
 
-    def trials(self, sweep_id: int) -> list[dict[str, Any]]:
+    def trials(self, sweep_id: int) -> builtins.list[dict[str, Any]]:
         return list(self.client.request("GET", f"sweeps/{sweep_id}/trials"))
 
     def cancel(self, sweep_id: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from tuner.states import SweepState, TrialState
 from tuner.sweeps import sweep_dir
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sweep", help="run and inspect hyperparameter sweeps")
     s = p.add_subparsers(dest="sweep_command", metavar="SUBCOMMAND", required=True)
 

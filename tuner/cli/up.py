@@ -31,7 +31,7 @@ READY_TIMEOUT = 180.0
 STOP_TIMEOUT = 60.0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "up", help="start the hub, proxy, tuner service and idle culler on this machine"
     )

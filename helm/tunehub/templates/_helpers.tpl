@@ -172,3 +172,9 @@ server's refusal. Refuse it before anything is applied, saying what to do instea
 {{- fail (printf "%s: the claim %s exists with storage class %q, which cannot change (immutable); keep %q, or copy the data to a new claim and name it in data.existingClaim" .value .name $existing.spec.storageClassName $existing.spec.storageClassName) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The toleration of GPU pods (flow style, one line): GPU nodes carry gpuNames.taintKey with
+NoSchedule. tuner/gpu_names.py builds the same for notebooks and trial Jobs. */}}
+{{- define "tunehub.gpuToleration" -}}
+{key: {{ .Values.gpuNames.taintKey | quote }}, operator: Exists, effect: NoSchedule}
+{{- end -}}

@@ -4,6 +4,7 @@ manifests and status rules stay plain data, and that turns API errors into one r
 
 from __future__ import annotations
 
+import builtins  # `list` names a method of a class below: its annotations say builtins.list
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.errors import TunehubError
+from tuner.gpu_names import GpuNames
 
 WATCH_SECONDS = 300  # server-side timeout of one watch request; the watch then resumes
 
@@ -109,14 +111,19 @@ class Kube:
     # --- Jobs and their dependents ------------------------------------------------------
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        # The client's annotations ask for its model classes (V1Job, ...); its serializer sends
+        # a plain manifest dict as it is, which is what we build (manifests.py).
         kwargs: dict[str, Any] = {"_preload_content": False}
         kind = obj["kind"]
         if kind == "Job":
-            return await self._json(self.batch.create_namespaced_job(self.ns, obj, **kwargs))
+            return await self._json(
+                self.batch.create_namespaced_job(self.ns, obj, **kwargs))  # type: ignore[arg-type]
         if kind == "Secret":
-            return await self._json(self.core.create_namespaced_secret(self.ns, obj, **kwargs))
+            return await self._json(
+                self.core.create_namespaced_secret(self.ns, obj, **kwargs))  # type: ignore[arg-type]
         if kind == "Service":
-            return await self._json(self.core.create_namespaced_service(self.ns, obj, **kwargs))
+            return await self._json(
+                self.core.create_namespaced_service(self.ns, obj, **kwargs))  # type: ignore[arg-type]
         raise ValueError(f"unsupported kind {kind}")
 
     async def dry_run_warnings(self, obj: dict[str, Any]) -> list[str]:
@@ -125,7 +132,8 @@ class Kube:
         its pods would violate the namespace's Pod Security level."""
         warnings: list[str] = []
         await self._json(
-            self.batch.create_namespaced_job(self.ns, obj, dry_run="All", _preload_content=False),
+            self.batch.create_namespaced_job(  # a dict, as in create
+                self.ns, obj, dry_run="All", _preload_content=False),  # type: ignore[arg-type]
             warnings,
         )
         return warnings
@@ -209,9 +217,9 @@ class Kube:
 
     # --- what check() reads -------------------------------------------------------------
 
-    async def node_gpus(self) -> list[tuple[str, int]] | None:
-        """``(gpu product label, allocatable nvidia.com/gpu)`` per node; None if the tuner
-        may not list Nodes (a namespaced Role)."""
+    async def node_gpus(self, names: GpuNames) -> builtins.list[tuple[str, int]] | None:
+        """``(gpu product label, allocatable GPUs)`` per node, by the cluster's GPU ``names``;
+        None if the tuner may not list Nodes (a namespaced Role)."""
         try:
             nodes = await self._json(self.core.list_node(_preload_content=False))
         except ApiException as exc:
@@ -222,10 +230,10 @@ class Kube:
         for node in nodes.get("items") or []:
             status = node.get("status") or {}
             alloc = (status.get("allocatable") or status.get("capacity") or {}).get(
-                "nvidia.com/gpu", "0"
+                names.resource, "0"
             )
             product = (node.get("metadata") or {}).get("labels", {}).get(
-                "nvidia.com/gpu.product", ""
+                names.product_label, ""
             )
             try:
                 out.append((product, int(str(alloc))))

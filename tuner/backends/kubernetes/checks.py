@@ -1,9 +1,9 @@
 """Submission checks: refuse a sweep whose trials can never run, before anything is stored.
 
-Too many GPUs for any node (the Nodes' allocatable ``nvidia.com/gpu`` when the tuner may read
-Nodes, else ``maxPerNode`` from the settings), an unknown GPU type, a missing PriorityClass, a
-GPU count above the per-user cap, a home outside the shared data store, and finally a
-server-side dry run of a trial Job (schema and admission, nothing stored).
+Too many GPUs for any node (the Nodes' allocatable GPU resource, ``KubeSettings.gpu_names``,
+when the tuner may read Nodes, else ``maxPerNode`` from the settings), an unknown GPU type, a
+missing PriorityClass, a GPU count above the per-user cap, a home outside the shared data
+store, and finally a server-side dry run of a trial Job (schema and admission, nothing stored).
 """
 
 from __future__ import annotations
@@ -55,14 +55,14 @@ async def _check_cluster(s: KubeSettings, spec: SweepSpec) -> None:
     kube = Kube(await connect(s), s.namespace)
     try:
         try:
-            nodes = await kube.node_gpus()
+            nodes = await kube.node_gpus(s.gpu_names)
         except Exception as exc:
             raise ClusterUnavailable(
                 f"cannot reach the Kubernetes API ({describe(exc)})"
             ) from None
         gpu = s.gpu_type(res.gpu_type) if res.gpu_type else None
         if res.gpu_type and gpu is None:
-            known = {p for p, _ in nodes or [] if p}
+            known: set[str] = {p for p, _ in nodes or [] if p}
             if res.gpu_type not in known:
                 offered = ", ".join(g.name for g in s.gpu_types) or ", ".join(sorted(known))
                 raise SpecError(
@@ -74,7 +74,7 @@ async def _check_cluster(s: KubeSettings, spec: SweepSpec) -> None:
         if res.gpu:
             if nodes is not None:
                 per_node = [n for p, n in nodes if product is None or p == product]
-                source = "allocatable nvidia.com/gpu of the cluster's nodes"
+                source = f"allocatable {s.gpu_names.resource} of the cluster's nodes"
             else:
                 types = [gpu] if gpu else list(s.gpu_types)
                 per_node = [g.max_per_node or 0 for g in types]

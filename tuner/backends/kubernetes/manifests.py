@@ -27,8 +27,6 @@ OWNER_ANNOTATION = "tunehub.io/owner"
 GPUS_ANNOTATION = "tunehub.io/gpus"
 LOG_ANNOTATION = "tunehub.io/log-path"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 TF_PORT = 2222
 SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 
@@ -76,7 +74,8 @@ def node_affinity(settings: KubeSettings, res: Resources, priority: str) -> dict
             "weight": max(1, 100 - i * step),
             "preference": {
                 "matchExpressions": [
-                    {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": [gpu.product]}
+                    {"key": settings.gpu_names.product_label, "operator": "In",
+                     "values": [gpu.product]}
                 ]
             },
         }
@@ -139,7 +138,7 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     pod_labels = {**meta_labels, **settings.pod_labels}
     pod_labels.pop(QUEUE_LABEL, None)
     relative_to_data(settings, launch.workdir)
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": k, "value": v} for k, v in sorted(launch.env.items()) if k != ENV_TOKEN
     ]
     if not res.gpu:
@@ -159,7 +158,7 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     if settings.ephemeral_storage:
         limits["ephemeral-storage"] = requests["ephemeral-storage"] = settings.ephemeral_storage
     if res.gpu:
-        limits[GPU_RESOURCE] = str(res.gpu)
+        limits[settings.gpu_names.resource] = str(res.gpu)
     command = launch.command
     if res.workers > 1:
         command = tf_config_command(name, res.workers, command)
@@ -215,13 +214,11 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     if settings.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
     if res.gpu:
-        pod_spec["tolerations"] = [
-            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-        ]
+        pod_spec["tolerations"] = [settings.gpu_names.toleration()]
         if res.gpu_type:
             gpu = settings.gpu_type(res.gpu_type)
             product = gpu.product if gpu is not None else res.gpu_type
-            pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: product}
+            pod_spec["nodeSelector"] = {settings.gpu_names.product_label: product}
     affinity = node_affinity(settings, res, launch.priority)
     if affinity:
         pod_spec["affinity"] = affinity

@@ -23,6 +23,10 @@ cluster, set them yourself and point ``KUBECONFIG`` at a cluster.
                                      the age order (higher is newer), ``maxPerNode`` the
                                      most GPUs of the type on one node (used when the
                                      tuner may not read Nodes)
+``TUNEHUB_K8S_GPU_RESOURCE``,        how the cluster names GPUs: the extended resource,
+``TUNEHUB_K8S_GPU_PRODUCT_LABEL``,   the nodes' GPU model label and the GPU nodes' taint
+``TUNEHUB_K8S_GPU_TAINT_KEY``        key (defaults: :class:`tuner.gpu_names.GpuNames`,
+                                     the chart's ``gpuNames``)
 ``TUNEHUB_K8S_QUEUE``                Kueue LocalQueue; set: Jobs start suspended with
                                      ``kueue.x-k8s.io/queue-name`` (default: none)
 ``TUNEHUB_K8S_PRIORITY_CLASSES``     JSON ``{"low": ..., "normal": ..., "high": ...}``
@@ -59,6 +63,7 @@ from typing import Any
 
 import yaml
 
+from tuner.gpu_names import GpuNames
 from tuner.settings import load_settings
 from tuner.spec import PRIORITIES, SpecError, parse_duration
 
@@ -83,6 +88,7 @@ class KubeSettings:
     data_claim: str = "tunehub-data"
     shared_subpaths: tuple[str, ...] = ("datasets",)
     gpu_types: tuple[GpuType, ...] = ()
+    gpu_names: GpuNames = GpuNames()
     queue: str = ""
     priority_classes: Mapping[str, str] = field(
         default_factory=lambda: {p: f"tunehub-sweep-{p}" for p in PRIORITIES}
@@ -127,6 +133,7 @@ class KubeSettings:
             data_claim=env.get("TUNEHUB_K8S_DATA_CLAIM") or cls.data_claim,
             shared_subpaths=_subpaths(env.get("TUNEHUB_K8S_SHARED_SUBPATHS", "datasets")),
             gpu_types=_gpu_types(env.get("TUNEHUB_K8S_GPU_TYPES", "")),
+            gpu_names=GpuNames.from_env(env),
             queue=env.get("TUNEHUB_K8S_QUEUE", ""),
             priority_classes=classes,
             pod_labels=_json_map(env, "TUNEHUB_K8S_POD_LABELS"),

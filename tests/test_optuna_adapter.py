@@ -1,0 +1,137 @@
+"""Upgrade canary: the Optuna behaviour tunehub relies on below Optuna's user-facing API
+(:mod:`tuner.optuna_adapter` lists it). Each test names what changed; when one fails after an
+Optuna upgrade, re-check the seam it names before widening the range in ``pyproject.toml``."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.storages import InMemoryStorage, RDBStorage
+from optuna.trial import TrialState
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from tuner.optuna_adapter import GridSampler, trial_for
+
+REPO = Path(__file__).resolve().parent.parent
+GRID = {"x": [0.1, 0.2, 0.3]}
+X = {"x": CategoricalDistribution([0.1, 0.2, 0.3])}
+
+
+def _declared() -> str:
+    """The first ``"optuna..."`` requirement of ``pyproject.toml``: the project's dependency."""
+    found = re.search(r'"(optuna[^"]*)"', (REPO / "pyproject.toml").read_text())
+    assert found, "pyproject.toml declares no Optuna dependency"
+    return found.group(1)
+
+
+def test_installed_optuna_is_in_the_declared_range() -> None:
+    declared = _declared()
+    versions = Requirement(declared).specifier
+    assert any(s.operator in ("<", "<=", "~=", "==") for s in versions), (
+        f"{declared}: pyproject.toml must bound the Optuna versions we test from above"
+    )
+    assert Version(optuna.__version__) in versions, (
+        f"Optuna {optuna.__version__} is outside {declared}: run tests/test_optuna_adapter.py, "
+        "tests/test_mirror.py and the engine tests on it, then widen the range"
+    )
+    readme = (REPO / "README.md").read_text()
+    assert f"`{declared}`" in readme, "the README states the tested Optuna range"
+
+
+def test_tpe_arguments_we_pass_are_stable() -> None:
+    """Every TPE sweep passes ``multivariate`` and ``constant_liar`` (``tuner.study``); before
+    Optuna 5.0 both were experimental and warned on every sweep."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", optuna.exceptions.ExperimentalWarning)
+        optuna.samplers.TPESampler(seed=0, multivariate=True, constant_liar=True)
+
+
+def test_grid_sampler_override_only_drops_the_stop() -> None:
+    # Why the override exists: Optuna's own after_trial stops the study once the grid is used
+    # up, which outside ``optimize`` raises.
+    base = optuna.samplers.GridSampler.after_trial
+    assert list(inspect.signature(base).parameters) == [
+        "self", "study", "trial", "state", "values"
+    ], "GridSampler.after_trial changed its signature"
+    plain = optuna.create_study(sampler=optuna.samplers.GridSampler(GRID, seed=0))
+    for _ in range(2):
+        plain.tell(plain.ask(X), 1.0)
+    with pytest.raises(RuntimeError, match="stop"):
+        plain.tell(plain.ask(X), 1.0)
+
+    # Ours: every grid point exactly once through ask/tell, no stop, study still usable.
+    ours = optuna.create_study(sampler=GridSampler(GRID, seed=0))
+    seen = []
+    for _ in range(3):
+        trial = ours.ask(X)
+        seen.append(trial.params["x"])
+        ours.tell(trial, 1.0)
+    assert sorted(seen) == GRID["x"]
+    assert ours.ask(X).params["x"] in GRID["x"]  # past the grid: a repeat, not an error
+
+
+def test_trial_for_is_a_handle_on_an_existing_trial() -> None:
+    assert list(inspect.signature(optuna.trial.Trial.__init__).parameters) == [
+        "self", "study", "trial_id"
+    ], "optuna.trial.Trial's constructor changed"
+    storage = InMemoryStorage()
+    grid = {**GRID, "y": [0.0, 0.5]}
+    study = optuna.create_study(storage=storage, sampler=GridSampler(grid, seed=0))
+    asked = study.ask(X)  # as if the controller died before suggesting y
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study.study_name), asked.number
+    )
+    before = storage.get_trial(trial_id).system_attrs
+
+    handle = trial_for(study, trial_id)
+    assert handle.number == asked.number
+    assert storage.get_trial(trial_id).system_attrs == before, "the grid point was reassigned"
+    handle.report(0.5, 1)
+    assert storage.get_trial(trial_id).intermediate_values == {1: 0.5}
+    assert handle.should_prune() is False
+    # A parameter the trial lacks is suggested and stored, one it has is returned as is.
+    assert handle.suggest_categorical("x", [0.1, 0.2, 0.3]) == asked.params["x"]
+    y = handle.suggest_categorical("y", [0.0, 0.5])
+    assert y in grid["y"]
+    assert storage.get_trial(trial_id).params == {"x": asked.params["x"], "y": y}
+    study.tell(asked, 1.0)
+    assert storage.get_trial(trial_id).state == TrialState.COMPLETE
+
+
+def test_storage_calls_of_the_mirror(tmp_path: Path) -> None:
+    """What :mod:`tuner.mirror` does with the storage interface: copy a trial asked in memory
+    into the database study in one insert, find ids by number, add a parameter."""
+    db = RDBStorage(f"sqlite:///{tmp_path / 'optuna.sqlite'}")
+    optuna.create_study(study_name="db", storage=db)
+    db_study = db.get_study_id_from_name("db")
+    memory = InMemoryStorage()
+    study = optuna.create_study(storage=memory, sampler=GridSampler(GRID, seed=0))
+    asked = study.ask(X)
+    asked.set_user_attr("attempt", 1)
+    frozen = memory.get_trial(
+        memory.get_trial_id_from_study_id_trial_number(
+            memory.get_study_id_from_name(study.study_name), asked.number
+        )
+    )
+
+    copied_id = db.create_new_trial(db_study, template_trial=frozen)
+    copied = db.get_trial(copied_id)
+    assert copied.number == frozen.number == 0
+    assert copied.state == TrialState.RUNNING
+    assert copied.params == frozen.params and copied.distributions == frozen.distributions
+    assert copied.user_attrs == {"attempt": 1}
+    assert copied.system_attrs == frozen.system_attrs  # the grid point travels with it
+    assert db.get_trial_id_from_study_id_trial_number(db_study, 0) == copied_id
+
+    lr = FloatDistribution(1e-4, 1e-1, log=True)
+    db.set_trial_param(copied_id, "lr", lr.to_internal_repr(0.01), lr)
+    assert db.get_trial(copied_id).params["lr"] == pytest.approx(0.01)
+    everything = db.get_all_trials(db_study, deepcopy=False)
+    assert [t.number for t in everything] == [0]

@@ -1,0 +1,407 @@
+"""The values inside a sweep spec, each type next to the reader that checks it.
+
+Parameter ranges (``space``), ``resources``, ``promote``, ``pruner`` and durations, plus the
+small readers every field uses (integers, choices, numbers). Each value type is a frozen
+dataclass whose fields and defaults are the only statement of what the value holds: its reader
+takes the allowed keys and the defaults from the dataclass, and :func:`dump` writes it back from
+the same declaration. :mod:`tuner.spec` declares the spec's top-level fields with these readers.
+Errors are :class:`SpecError`, whose text is the one line a user sees.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal
+
+from tuner.errors import TunehubError
+
+SAMPLERS = ("tpe", "random", "grid", "cmaes", "gp")
+PRUNERS = ("none", "median", "hyperband", "asha")
+Direction = Literal["maximize", "minimize"]  # as Optuna's create_study takes it
+DIRECTIONS: tuple[Direction, ...] = ("maximize", "minimize")
+#: A sweep's promotion policy for the version it registers (see tuner.registry.Registry).
+POLICIES = ("if-better", "always", "never")
+PRIORITIES = ("low", "normal", "high")
+
+# Options a user may pass to each pruner (``pruner: {type: hyperband, max_resource: 30}``),
+# forwarded to Optuna's constructor; anything else is a typo we can name.
+PRUNER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "median": ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials",
+               "min_trials"),
+    "hyperband": ("min_resource", "max_resource", "reduction_factor", "bootstrap_count",
+                  "min_trials"),
+    "asha": ("min_resource", "reduction_factor", "min_early_stopping_rate", "bootstrap_count",
+             "min_trials"),
+}
+# ``min_trials`` is tunehub's, not Optuna's: no pruning decision at a step until that many
+# trials have reported there (see tuner.pruning).
+OUR_PRUNER_OPTIONS = ("min_trials",)
+
+# Upper bounds: what the database's 32-bit columns, the samplers' arithmetic and the event
+# loop's timers can hold. Beyond them a value is a typo, refused by name, never a server error.
+MAX_INT = 2**31 - 1
+MAX_PARALLELISM = 10_000
+MAX_RETRIES = 1_000
+MAX_SEED = 2**32 - 1
+MAX_PARAM = 2.0**53  # exact in a float; a range must also have a finite width
+MAX_TIMEOUT = 366 * 24 * 3600.0
+MAX_CPU = 10_000.0
+
+#: Sweep and model names: a DNS label of at most 48 characters, so a name fits Kubernetes object
+#: names, Optuna study names and TensorFlow Serving's model directories as it is.
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
+_QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+class SpecError(TunehubError, ValueError):
+    """A spec field is wrong. ``str()`` is the one-line message users see."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+@dataclass(frozen=True)
+class FloatParam:
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+    type: Literal["float"] = "float"
+
+
+@dataclass(frozen=True)
+class IntParam:
+    low: int
+    high: int
+    log: bool = False
+    step: int = 1
+    type: Literal["int"] = "int"
+
+
+@dataclass(frozen=True)
+class CategoricalParam:
+    choices: tuple[Any, ...]
+    type: Literal["categorical"] = "categorical"
+
+
+Param = FloatParam | IntParam | CategoricalParam
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: float = 1.0
+    memory: str = "2Gi"
+    gpu: int = 0
+    gpu_type: str | None = None
+    workers: int = 1
+
+
+@dataclass(frozen=True)
+class Promote:
+    model: str
+    policy: str = "if-better"
+
+
+@dataclass(frozen=True)
+class PrunerSpec:
+    type: str = "none"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def names(cls: type) -> set[str]:
+    """The keys a spec mapping may hold for the value type ``cls``: its fields."""
+    return {f.name for f in fields(cls)}
+
+
+def dump(value: Any) -> Any:
+    """A value type (or a plain value) as JSON-able data, from its declaration: every field
+    of a dataclass, tuples as lists. A parameter's ``step`` is left out when it is the default
+    (every value), so the stored spec says what the user said."""
+    if isinstance(value, PrunerSpec):
+        return {"type": value.type, **dict(value.options)}
+    if isinstance(value, FloatParam | IntParam | CategoricalParam):
+        out: dict[str, Any] = {"type": value.type}
+        for f in fields(value):
+            item = getattr(value, f.name)
+            if f.name != "type" and not (f.name == "step" and item == f.default):
+                out[f.name] = dump(item)
+        return out
+    if isinstance(value, Resources | Promote):
+        return {f.name: dump(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return {k: dump(v) for k, v in value.items()}
+    return value
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The declared default of field ``name`` of the dataclass ``cls``."""
+    for f in fields(cls):
+        if f.name == name:
+            if f.default is not MISSING:
+                return f.default
+            if f.default_factory is not MISSING:
+                return f.default_factory()
+    raise KeyError(name)
+
+
+# --- small readers ---------------------------------------------------------------------------
+
+
+def no_unknown(data: Mapping[str, Any], allowed: set[str], prefix: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise SpecError(
+                f"{prefix}{key}", f"unknown field; expected one of {', '.join(sorted(allowed))}"
+            )
+
+
+def read_str(data: Mapping[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(key, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def read_choice(data: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    value = data.get(key, default)
+    if value is None:
+        value = default
+    if value not in choices:
+        raise SpecError(key, f"expected one of {' | '.join(choices)}, got {value!r}")
+    return value
+
+
+def read_int(
+    data: Mapping[str, Any], key: str, default: int, minimum: int, prefix: str = "",
+    maximum: int = MAX_INT,
+) -> int:
+    value = data.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpecError(prefix + key, f"expected an integer, got {value!r:.60}")
+    if value < minimum:
+        raise SpecError(prefix + key, f"must be at least {minimum}, got {value}")
+    if value > maximum:
+        raise SpecError(prefix + key, f"must be at most {maximum}, got {value!r:.60}")
+    return value
+
+
+def read_number(value: Any, field_name: str) -> float:
+    number = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)  # a huge int overflows
+        except OverflowError:
+            pass
+    if not math.isfinite(number):
+        raise SpecError(field_name, f"expected a finite number, got {value!r:.60}")
+    return number
+
+
+def parse_duration(value: Any, field_name: str = "trial_timeout") -> float | None:
+    """``90``, ``"90s"``, ``"30m"``, ``"1h30m"`` -> seconds; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise SpecError(field_name, f"expected a duration like 30m, 90s or 2h, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = value if isinstance(value, float) else min(value, 2 * int(MAX_TIMEOUT))
+    elif isinstance(value, str) and value.strip():
+        text = value.strip()
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        else:
+            m = _DURATION_RE.fullmatch(text)
+            if not m or not any(m.groups()):
+                raise SpecError(
+                    field_name, f"expected a duration like 30m, 90s or 2h, got {value!r}"
+                )
+            h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+            seconds = h * 3600 + mi * 60 + s
+    else:
+        raise SpecError(field_name, f"expected a duration like 30m, 90s or 2h, got {value!r}")
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise SpecError(field_name, f"expected a positive duration of at most 366 days, got "
+                                    f"{value!r:.60}")
+    return float(seconds)
+
+
+# --- space -----------------------------------------------------------------------------------
+
+
+def read_space(raw: Any) -> dict[str, Param]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise SpecError("space", "expected a non-empty mapping of parameter names to ranges")
+    kinds = " | ".join(_PARAM_READERS)
+    space: dict[str, Param] = {}
+    for pname, pdef in raw.items():
+        where = f"space.{pname}"
+        if not isinstance(pname, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", pname):
+            raise SpecError(where, "parameter names are letters, digits, '_', '.' and '-'")
+        if not isinstance(pdef, Mapping):
+            raise SpecError(where, f"expected a mapping with a type ({kinds})")
+        ptype = pdef.get("type")
+        reader = _PARAM_READERS.get(ptype) if isinstance(ptype, str) else None
+        if reader is None:
+            raise SpecError(f"{where}.type", f"expected {kinds}, got {ptype!r}")
+        space[pname] = reader(pdef, where)
+    return space
+
+
+def _range(pdef: Mapping[str, Any], where: str, cast: type, log_default: bool
+           ) -> tuple[Any, Any, bool]:
+    for key in ("low", "high"):
+        if key not in pdef:
+            raise SpecError(f"{where}.{key}", "is required")
+    low = read_number(pdef["low"], f"{where}.low")
+    high = read_number(pdef["high"], f"{where}.high")
+    for key, v in (("low", low), ("high", high)):
+        if abs(v) > MAX_PARAM:
+            raise SpecError(f"{where}.{key}", f"must be within ±2**53, got {v:g}")
+    if cast is int:
+        for key, v in (("low", pdef["low"]), ("high", pdef["high"])):
+            if not isinstance(v, int):
+                raise SpecError(f"{where}.{key}", f"expected an integer, got {v!r}")
+    if low >= high:
+        raise SpecError(f"{where}.low", f"must be below high (got low={low:g}, high={high:g})")
+    log = pdef.get("log", log_default)
+    if not isinstance(log, bool):
+        raise SpecError(f"{where}.log", f"expected true or false, got {log!r}")
+    if log and low <= 0:
+        raise SpecError(f"{where}.low", f"a log scale needs low > 0, got {low:g}")
+    return cast(pdef["low"]), cast(pdef["high"]), log
+
+
+def _float_param(pdef: Mapping[str, Any], where: str) -> FloatParam:
+    no_unknown(pdef, names(FloatParam), prefix=f"{where}.")
+    low, high, log = _range(pdef, where, float, default_of(FloatParam, "log"))
+    step = pdef.get("step", default_of(FloatParam, "step"))
+    if step is not None:
+        step = read_number(step, f"{where}.step")
+        if step <= 0:
+            raise SpecError(f"{where}.step", f"must be positive, got {step:g}")
+        if log:
+            raise SpecError(f"{where}.step", "cannot be combined with log: true")
+        if step > high - low:
+            raise SpecError(f"{where}.step", f"is larger than high - low ({high - low:g})")
+    return FloatParam(low=low, high=high, log=log, step=step)
+
+
+def _int_param(pdef: Mapping[str, Any], where: str) -> IntParam:
+    no_unknown(pdef, names(IntParam), prefix=f"{where}.")
+    low, high, log = _range(pdef, where, int, default_of(IntParam, "log"))
+    every = default_of(IntParam, "step")
+    step = pdef.get("step", every)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise SpecError(f"{where}.step", f"expected a positive integer, got {step!r}")
+    if log and step != every:
+        raise SpecError(f"{where}.step", "cannot be combined with log: true")
+    return IntParam(low=low, high=high, log=log, step=step)
+
+
+def _categorical_param(pdef: Mapping[str, Any], where: str) -> CategoricalParam:
+    no_unknown(pdef, names(CategoricalParam), prefix=f"{where}.")
+    choices = pdef.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise SpecError(f"{where}.choices", "expected a non-empty list")
+    for c in choices:
+        if not (c is None or isinstance(c, str | int | float | bool)):
+            raise SpecError(f"{where}.choices", f"choices must be scalars, got {c!r}")
+    if len(set(map(repr, choices))) != len(choices):
+        raise SpecError(f"{where}.choices", "choices must be distinct")
+    return CategoricalParam(choices=tuple(choices))
+
+
+# A parameter's ``type`` -> its reader; the order is the one error messages list.
+_PARAM_READERS: dict[str, Callable[[Mapping[str, Any], str], Param]] = {
+    "float": _float_param,
+    "int": _int_param,
+    "categorical": _categorical_param,
+}
+
+
+# --- pruner, resources, promote --------------------------------------------------------------
+
+
+def read_pruner(raw: Any) -> PrunerSpec:
+    if raw is None:
+        return PrunerSpec()
+    if isinstance(raw, str):
+        raw = {"type": raw}
+    if not isinstance(raw, Mapping):
+        raise SpecError("pruner", f"expected {' | '.join(PRUNERS)} or a mapping with a type")
+    ptype = raw.get("type", default_of(PrunerSpec, "type"))
+    if ptype not in PRUNERS:
+        raise SpecError("pruner", f"expected one of {' | '.join(PRUNERS)}, got {ptype!r}")
+    options = {k: v for k, v in raw.items() if k != "type"}
+    allowed = PRUNER_OPTIONS[ptype]
+    for key, value in options.items():
+        if key not in allowed:
+            hint = ", ".join(allowed) or "no options"
+            raise SpecError(f"pruner.{key}", f"unknown option for {ptype}; expected {hint}")
+        if key == "max_resource" and value == "auto":
+            continue
+        if key == "min_trials" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or not 1 <= value <= MAX_INT):
+            raise SpecError(f"pruner.{key}",
+                            f"expected an integer of at least 1, got {value!r:.60}")
+        if (isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+                or value > MAX_INT):
+            raise SpecError(f"pruner.{key}", f"expected a non-negative number, got {value!r}")
+    return PrunerSpec(type=ptype, options=options)
+
+
+def read_resources(raw: Any) -> Resources:
+    if raw is None:
+        return Resources()
+    keys = [f.name for f in fields(Resources)]
+    if not isinstance(raw, Mapping):
+        raise SpecError("resources", f"expected a mapping ({', '.join(keys)})")
+    no_unknown(raw, set(keys), prefix="resources.")
+    cpu = read_number(raw.get("cpu", default_of(Resources, "cpu")), "resources.cpu")
+    if cpu > MAX_CPU:
+        raise SpecError("resources.cpu", f"must be at most {MAX_CPU:g}, got {cpu:g}")
+    if cpu <= 0:
+        raise SpecError("resources.cpu", f"must be positive, got {cpu:g}")
+    memory = str(raw.get("memory", default_of(Resources, "memory")))
+    if not _QUANTITY_RE.match(memory):
+        raise SpecError(
+            "resources.memory", f"expected a Kubernetes quantity like 512Mi or 2Gi, got {memory!r}"
+        )
+    gpu = read_int(raw, "gpu", default_of(Resources, "gpu"), minimum=0, prefix="resources.")
+    gpu_type = raw.get("gpu_type", default_of(Resources, "gpu_type"))
+    if gpu_type is not None and (not isinstance(gpu_type, str) or not gpu_type):
+        raise SpecError("resources.gpu_type", f"expected a GPU type name, got {gpu_type!r}")
+    if gpu_type is not None and gpu == 0:
+        raise SpecError("resources.gpu_type", "is set but resources.gpu is 0")
+    workers = read_int(raw, "workers", default_of(Resources, "workers"), minimum=1,
+                       prefix="resources.", maximum=1000)
+    return Resources(cpu=cpu, memory=memory, gpu=gpu, gpu_type=gpu_type, workers=workers)
+
+
+def read_promote(raw: Any) -> Promote | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise SpecError("promote", "expected a mapping with model and policy")
+    no_unknown(raw, names(Promote), prefix="promote.")
+    model = raw.get("model")
+    if not isinstance(model, str) or not NAME_RE.match(model):
+        raise SpecError(
+            "promote.model",
+            f"expected a model name of lowercase letters, digits and '-', got {model!r}",
+        )
+    policy = raw.get("policy", default_of(Promote, "policy"))
+    if policy not in POLICIES:
+        raise SpecError("promote.policy", f"expected one of {' | '.join(POLICIES)}, got {policy!r}")
+    return Promote(model=model, policy=policy)
