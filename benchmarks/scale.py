@@ -3,7 +3,7 @@ PostgreSQL. Per-trial controller time (ask + launch + tell) around trial 100 aga
 last trial, Optuna's suggestion latency, and throughput in windows; beside it, plain Optuna's
 ask/tell loop on the same storage and sampler (the floor tunehub builds on).
 
-Trials run on :class:`benchmarks._instant.InstantBackend` so the numbers are the controller's
+Trials run on :class:`tuner.backends.instant.InstantBackend` so the numbers are the controller's
 own cost, not process start-up (that is the start-latency benchmark's subject).
 """
 
@@ -66,8 +66,8 @@ def scale_spec(trials: int, steps: int = STEPS) -> dict[str, Any]:
 def run_tunehub(home: Path, url: str, trials: int, profile: Path | None,
                 steps: int = STEPS) -> dict[str, Any]:
     """One sweep on the instant backend with the controller's steps timed."""
-    from benchmarks._instant import InstantBackend
     from benchmarks._tunehub import Probe, controller_probe, patched, run_sweep, settings_for
+    from tuner.backends.instant import InstantBackend
     from tuner.db import Database
     from tuner.spec import SweepSpec
     from tuner.study import storage_for
@@ -257,7 +257,7 @@ class ScaleBenchmark(Benchmark):
             "study (`tuner/mirror.py`) and every trial written to the study in the same "
             "database) on an "
             "**in-process backend whose trials finish the moment they launch** "
-            "(`benchmarks/_instant.py`), so this isolates controller cost from process "
+            "(`tuner/backends/instant.py`), so this isolates controller cost from process "
             "start-up. " + (
                 f"Every trial reports {result['steps']} intermediate values (the objective "
                 "scaled by step) through the same route, judged by successive halving (ASHA, "

@@ -213,9 +213,9 @@ def test_a_controller_loads_its_study_off_the_event_loop(
     """A resumed sweep's study is read whole when its controller starts (about a second at
     10,000 trials): that happens in a worker thread, not on the event loop the engine's other
     sweeps and the report API share."""
-    from benchmarks._instant import InstantBackend
     from benchmarks._tunehub import run_sweep, settings_for
     from benchmarks.scale import scale_spec
+    from tuner.backends.instant import InstantBackend
     from tuner.db import Database
 
     caplog.set_level(logging.DEBUG, logger="tunehub.mirror")

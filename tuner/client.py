@@ -20,8 +20,8 @@ import httpx
 from tuner.errors import Conflict, Forbidden, NotFound, TunehubError, Unauthorized
 from tuner.run_function import COMMAND as FUNCTION_COMMAND
 from tuner.spec import SpecError, SweepSpec
+from tuner.states import SweepState, TrialState, trials_done
 
-FINISHED = ("completed", "failed", "cancelled")
 _ERRORS: dict[int, type[TunehubError]] = {
     401: Unauthorized,
     403: Forbidden,
@@ -142,7 +142,7 @@ class Sweep:
     def __repr__(self) -> str:
         d = self._data
         return (
-            f"<Sweep {d['id']} {d['name']!r} {d['state']}: {d['completed']}/{d['trials']} "
+            f"<Sweep {d['id']} {d['name']!r} {d['state']}: {d[TrialState.COMPLETED]}/{d['trials']} "
             f"completed, best {d['metric']}={d['best_value']}>"
         )
 
@@ -216,10 +216,11 @@ class Sweep:
         with tqdm(total=self._data["trials"], desc=f"sweep {self.id}", unit="trial") as bar:
             while True:
                 d = self._data
-                bar.n = d["completed"] + d["pruned"] + d["failed"]
-                bar.set_postfix(best=d["best_value"], pruned=d["pruned"], failed=d["failed"])
+                bar.n = trials_done(d)
+                bar.set_postfix(best=d["best_value"], pruned=d[TrialState.PRUNED],
+                                failed=d[TrialState.FAILED])
                 bar.refresh()
-                if d["state"] in FINISHED:
+                if SweepState(d["state"]).is_finished():
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     break
@@ -229,7 +230,7 @@ class Sweep:
         d = self._data
         if d.get("cold_start"):
             print(f"note: trials start cold: {d['cold_start']}")
-        if d["state"] in ("failed", "cancelled") and d.get("reason"):
+        if d["state"] in (SweepState.FAILED, SweepState.CANCELLED) and d.get("reason"):
             # Why, in front of the user: for a failed sweep the failing trial's last lines.
             print(f"sweep {self.id} {d['state']}: {d['reason']}")
         return self
@@ -265,7 +266,7 @@ class Sweep:
                 optuna.trial.create_trial(
                     params=params,
                     distributions={k: dists[k] for k in params},
-                    value=t["value"] if t["state"] == "completed" else None,
+                    value=t["value"] if t["state"] == TrialState.COMPLETED else None,
                     intermediate_values={
                         r["step"]: r["value"] for r in t.get("intermediate_values") or []
                     },

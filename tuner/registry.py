@@ -22,6 +22,7 @@ from sqlalchemy import func, select
 
 from tuner.db import Database, ModelVersion, utcnow
 from tuner.errors import Forbidden, NotFound, TunehubError
+from tuner.ranking import is_better
 from tuner.serving_config import ServedModel, ServingConfig
 from tuner.spec import NAME_RE as MODEL_NAME
 from tuner.spec import POLICIES
@@ -194,7 +195,7 @@ class Registry:
                 )
             if version.metric_value is None:
                 return False, "the new version has no metric value"
-            if current.metric_value is not None and not _beats(
+            if current.metric_value is not None and not is_better(
                 version.metric_value, current.metric_value, version.direction
             ):
                 return False, (
@@ -271,8 +272,4 @@ class Registry:
         owner = s.scalar(select(ModelVersion.owner).where(ModelVersion.model == model).limit(1))
         if owner is None or not (is_admin or owner == actor):
             raise NotFound(f"model {model} not found")
-
-
-def _beats(new: float, old: float, direction: str) -> bool:
-    return new > old if direction == "maximize" else new < old
 

@@ -11,8 +11,8 @@ from tornado.netutil import bind_sockets
 
 from tuner.api import make_app
 from tuner.backends import make_backend
-from tuner.controller import Engine
 from tuner.db import Database
+from tuner.engine import Engine
 from tuner.settings import Settings
 
 

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from tuner.db import ModelVersion, Sweep, Trial
+from tuner.states import TrialState
 
 
 def _time(value: datetime | None) -> str | None:
@@ -26,9 +27,10 @@ def sweep_view(sweep: Sweep) -> dict[str, Any]:
         "direction": spec.get("direction"),
         "trials": spec.get("trials"),
         "parallelism": spec.get("parallelism"),
-        "completed": sweep.n_completed,
-        "pruned": sweep.n_pruned,
-        "failed": sweep.n_failed,
+        # Counters of trials by their finished state, under the state's name.
+        TrialState.COMPLETED: sweep.n_completed,
+        TrialState.PRUNED: sweep.n_pruned,
+        TrialState.FAILED: sweep.n_failed,
         "best_value": sweep.best_value,
         "best_trial": sweep.best_trial_number,
         "model_version_id": sweep.model_version_id,

@@ -21,11 +21,13 @@ from tuner.api.app import make_app
 from tuner.api.auth import make_hub_auth
 from tuner.api.context import ServiceContext
 from tuner.backends import make_backend
-from tuner.controller import Engine
-from tuner.db import SWEEP_ACTIVE, Database, Sweep
+from tuner.db import Database, Sweep
+from tuner.engine import Engine
 from tuner.errors import Conflict
+from tuner.ledger import controller_alive
 from tuner.settings import Settings, load_settings
-from tuner.sweeps import SweepStore, controller_alive
+from tuner.states import SweepState
+from tuner.sweeps import SweepStore
 
 log = logging.getLogger("tunehub.service")
 
@@ -45,7 +47,7 @@ def adopt_orphans(engine: Engine) -> list[int]:
         sweeps = list(
             s.scalars(
                 select(Sweep).where(
-                    Sweep.state.in_(SWEEP_ACTIVE), Sweep.backend.in_(list(engine.backends))
+                    Sweep.state.in_(SweepState.active()), Sweep.backend.in_(list(engine.backends))
                 )
             )
         )

@@ -25,6 +25,7 @@ from tuner.db.engine import engine_kwargs
 from tuner.optuna_adapter import GridSampler, trial_for
 from tuner.pruning import EnoughTrialsPruner, default_min_trials
 from tuner.spec import OUR_PRUNER_OPTIONS, SpecError, SweepSpec
+from tuner.states import TrialState
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -83,19 +84,22 @@ def make_pruner(spec: SweepSpec) -> BasePruner:
     return EnoughTrialsPruner(inner, int(min_trials), last_step)
 
 
-#: Our finished trial states that Optuna has a state of its own for; any other is FAIL to it.
-OPTUNA_STATES = {"completed": optuna.trial.TrialState.COMPLETE,
-                 "pruned": optuna.trial.TrialState.PRUNED}
+#: Our finished trial states that Optuna has a state of its own for; any other is FAIL to it
+#: (Optuna has no "cancelled"). Ours are :class:`tuner.states.TrialState`, Optuna's
+#: :class:`optuna.trial.TrialState`: two different types that share a name.
+OPTUNA_STATES = {TrialState.COMPLETED: optuna.trial.TrialState.COMPLETE,
+                 TrialState.PRUNED: optuna.trial.TrialState.PRUNED}
 
 
-def optuna_state(state: str) -> optuna.trial.TrialState:
+def optuna_state(state: TrialState) -> optuna.trial.TrialState:
     """What Optuna is told for a trial that ended in our ``state``."""
     return OPTUNA_STATES.get(state, optuna.trial.TrialState.FAIL)
 
 
-def our_state(state: optuna.trial.TrialState) -> str:
+def our_state(state: optuna.trial.TrialState) -> TrialState:
     """Our state for a trial Optuna finished as ``state``."""
-    return next((ours for ours, theirs in OPTUNA_STATES.items() if theirs == state), "failed")
+    return next((ours for ours, theirs in OPTUNA_STATES.items() if theirs == state),
+                TrialState.FAILED)
 
 
 @functools.lru_cache(maxsize=8)

@@ -6,20 +6,20 @@ such as "another user's sweep does not exist for you" lives in exactly one place
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
-import socket
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import optuna
 from sqlalchemy import func, select
 
 from tuner.backends._base import Backend
-from tuner.db import SWEEP_ACTIVE, Database, ModelVersion, Sweep, Trial, TrialReport, utcnow
-from tuner.errors import Conflict, Forbidden, NotFound
+from tuner.db import Database, ModelVersion, Sweep, Trial, TrialReport
+from tuner.errors import Forbidden, NotFound
+from tuner.ledger import Ledger
 from tuner.settings import Settings
 from tuner.snapshot import (
     CODE_SNAPSHOT_LIMIT,
@@ -28,6 +28,7 @@ from tuner.snapshot import (
     tree_size,
 )
 from tuner.spec import SpecError, SweepSpec
+from tuner.states import CANCELLED_REASON, SWEEP_CANCELLED, SweepState, TrialState
 from tuner.study import (
     check_grid_size,
     check_sampler_available,
@@ -36,8 +37,6 @@ from tuner.study import (
     record_sweep_id,
     storage_for,
 )
-
-HEARTBEAT_STALE = timedelta(seconds=30)
 
 
 @dataclass(frozen=True)
@@ -70,31 +69,13 @@ def sweep_dir(settings: Settings, sweep_id: int) -> Path:
     return settings.sweeps_dir / str(sweep_id)
 
 
-def controller_alive(sweep: Sweep) -> bool:
-    """Is the controller that claimed this sweep still running?"""
-    if sweep.controller_pid is None or sweep.heartbeat_at is None:
-        return False
-    if sweep.controller_host == socket.gethostname():
-        try:
-            os.kill(sweep.controller_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        cmdline = Path(f"/proc/{sweep.controller_pid}/cmdline")
-        try:
-            return b"tunehub" in cmdline.read_bytes() or b"tuner" in cmdline.read_bytes()
-        except OSError:
-            return False
-    return utcnow() - sweep.heartbeat_at < HEARTBEAT_STALE
-
-
 class SweepStore:
     """Reads and writes sweeps for an :class:`Actor`."""
 
     def __init__(self, db: Database, settings: Settings) -> None:
         self.db = db
         self.settings = settings
+        self.ledger = Ledger(db)
 
     # --- submission ----------------------------------------------------------------------
 
@@ -158,7 +139,7 @@ class SweepStore:
                     owner=actor.name,
                     spec=spec.to_dict(),
                     backend=backend.name,
-                    state="queued",
+                    state=SweepState.QUEUED,
                     study_name=study_name,
                 )
                 s.add(sweep)
@@ -207,14 +188,14 @@ class SweepStore:
                 raise NotFound(f"sweep {sweep_id} not found")
             return sweep
 
-    def list(self, actor: Actor, limit: int = 200) -> list[Sweep]:
+    def list(self, actor: Actor, limit: int = 200) -> builtins.list[Sweep]:
         with self.db.session() as s:
             query = select(Sweep).order_by(Sweep.id.desc()).limit(limit)
             if not actor.admin:
                 query = query.where(Sweep.owner == actor.name)
             return list(s.scalars(query))
 
-    def trials(self, sweep_id: int, actor: Actor) -> list[Trial]:
+    def trials(self, sweep_id: int, actor: Actor) -> builtins.list[Trial]:
         self.get(sweep_id, actor)
         with self.db.session() as s:
             query = select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.number)
@@ -230,7 +211,7 @@ class SweepStore:
                 raise NotFound(f"sweep {sweep_id} has no trial {number}")
             return trial
 
-    def reports(self, sweep_id: int, actor: Actor) -> dict[int, list[tuple[int, float]]]:
+    def reports(self, sweep_id: int, actor: Actor) -> dict[int, builtins.list[tuple[int, float]]]:
         """Intermediate values per trial number, in step order."""
         self.get(sweep_id, actor)
         with self.db.session() as s:
@@ -240,7 +221,7 @@ class SweepStore:
                 .where(Trial.sweep_id == sweep_id)
                 .order_by(Trial.number, TrialReport.step)
             )
-            out: dict[int, list[tuple[int, float]]] = {}
+            out: dict[int, builtins.list[tuple[int, float]]] = {}
             for number, step, value in rows:
                 out.setdefault(number, []).append((step, value))
             return out
@@ -251,7 +232,7 @@ class SweepStore:
             raise NotFound(f"trial {number} of sweep {sweep_id} has no log yet")
         return Path(trial.log_path)
 
-    def state_counts(self, sweep_id: int) -> dict[str, int]:
+    def state_counts(self, sweep_id: int) -> dict[TrialState, int]:
         with self.db.session() as s:
             rows = s.execute(
                 select(Trial.state, func.count())
@@ -262,55 +243,24 @@ class SweepStore:
 
     # --- changes -------------------------------------------------------------------------
 
-    def request_cancel(self, sweep_id: int, actor: Actor) -> Sweep:
-        """Ask the sweep's controller to stop; with no live controller, cancel it here."""
-        sweep = self.get(sweep_id, actor)
-        if sweep.state not in SWEEP_ACTIVE:
-            raise Conflict(f"sweep {sweep_id} is already {sweep.state}")
-        with self.db.session() as s:
-            sweep = s.get(Sweep, sweep_id)
-            if sweep is None:
-                raise NotFound(f"sweep {sweep_id} not found")
-            if controller_alive(sweep):
-                sweep.state = "cancelling"
-                return sweep
-        return self.cancel_offline(sweep_id)
+    def request_cancel(self, sweep_id: int, actor: Actor, runs_here: bool = False) -> Sweep:
+        """Ask the sweep's controller to stop; with no live controller, cancel it here.
+        ``runs_here``: this process's engine runs the sweep (it is woken by the caller)."""
+        self.get(sweep_id, actor)
+        if not self.ledger.request_cancel(sweep_id, runs_here):
+            self.cancel_offline(sweep_id)
+        return self.get(sweep_id, actor)
 
     def cancel_offline(self, sweep_id: int) -> Sweep:
-        """Cancel a sweep no controller runs: unfinished trials become cancelled (FAIL in
-        Optuna, which has no cancelled state)."""
-        with self.db.session() as s:
-            sweep = s.get(Sweep, sweep_id)
-            if sweep is None:
-                raise NotFound(f"sweep {sweep_id} not found")
-            study = optuna.load_study(
-                study_name=sweep.study_name, storage=storage_for(self.db.url)
-            )
-            open_trials = s.scalars(
-                select(Trial).where(
-                    Trial.sweep_id == sweep_id, Trial.state.in_(("pending", "running"))
-                )
-            )
-            for trial in open_trials:
-                trial.state = "cancelled"
-                trial.reason = "sweep cancelled"
-                trial.finished_at = utcnow()
-                tell_quietly(study, trial.number, optuna.trial.TrialState.FAIL)
-            sweep.state = "cancelled"
-            sweep.finished_at = utcnow()
-            sweep.reason = "cancelled"
-            return sweep
+        """Cancel a sweep no controller runs, the way its controller ends a cancelled one
+        (:meth:`tuner.ledger.Ledger.end_sweep`): unfinished trials become cancelled (FAIL in
+        Optuna, which has no cancelled state, told after our commit)."""
+        sweep = self.ledger.sweep(sweep_id)
 
+        def study() -> optuna.Study:
+            return optuna.load_study(study_name=sweep.study_name, storage=storage_for(self.db.url))
 
-def tell_quietly(
-    study: optuna.Study,
-    number: int,
-    state: optuna.trial.TrialState,
-    value: float | None = None,
-) -> None:
-    """``study.tell`` that tolerates a trial Optuna already finished (a crash between our
-    commit and Optuna's)."""
-    if state == optuna.trial.TrialState.COMPLETE:
-        study.tell(number, value, skip_if_finished=True)
-    else:
-        study.tell(number, state=state, skip_if_finished=True)
+        self.ledger.end_sweep(
+            sweep_id, lambda _: (SweepState.CANCELLED, CANCELLED_REASON), SWEEP_CANCELLED, study
+        )
+        return self.ledger.sweep(sweep_id)

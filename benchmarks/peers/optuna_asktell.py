@@ -16,7 +16,7 @@ from collections import deque
 import optuna
 from optuna.storages import RDBStorage
 
-from benchmarks._instant import quadratic
+from tuner.backends.instant import quadratic
 from tuner.db.engine import engine_kwargs
 from tuner.spec import SweepSpec
 from tuner.study import make_pruner, make_sampler

@@ -14,7 +14,7 @@ import tornado.web
 
 from tuner.api.base import NotFoundHandler
 from tuner.api.trials import ReportHandler
-from tuner.controller import Engine
+from tuner.engine import Engine
 
 if TYPE_CHECKING:
     from tuner.api.context import ServiceContext

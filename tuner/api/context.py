@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from jupyterhub.services.auth import HubOAuth
 
 from tuner.backends import Backend
-from tuner.controller import Engine
+from tuner.engine import Engine
 from tuner.registry import Registry
 from tuner.sweeps import SweepStore
 

@@ -15,6 +15,7 @@ from tuner.api.base import MAX_ID
 from tuner.backends import BACKENDS
 from tuner.registry import ARCHIVED, STAGES
 from tuner.scopes import READ, SUBMIT
+from tuner.states import SweepState, TrialState
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _WHY = {
@@ -103,7 +104,7 @@ SCHEMAS: dict[str, Any] = {
         "owner": {"type": "string"},
         "state": {
             "type": "string",
-            "enum": ["queued", "running", "cancelling", "completed", "failed", "cancelled"],
+            "enum": [str(s) for s in SweepState],
         },
         "reason": _nullable("string"),
         "backend": {"type": "string"},
@@ -111,9 +112,9 @@ SCHEMAS: dict[str, Any] = {
         "direction": _nullable("string"),
         "trials": _nullable("integer"),
         "parallelism": _nullable("integer"),
-        "completed": {"type": "integer"},
-        "pruned": {"type": "integer"},
-        "failed": {"type": "integer"},
+        TrialState.COMPLETED: {"type": "integer"},
+        TrialState.PRUNED: {"type": "integer"},
+        TrialState.FAILED: {"type": "integer"},
         "best_value": _nullable("number"),
         "best_trial": _nullable("integer"),
         "model_version_id": _nullable("integer"),
@@ -127,7 +128,7 @@ SCHEMAS: dict[str, Any] = {
         "number": {"type": "integer"},
         "state": {
             "type": "string",
-            "enum": ["pending", "running", "completed", "pruned", "failed", "cancelled"],
+            "enum": [str(s) for s in TrialState],
         },
         "value": _nullable("number"),
         "params": {"type": "object"},

@@ -83,8 +83,9 @@ class SweepCancelHandler(SweepRoute):
     def post(self, _sweep_id: str) -> None:
         sid = self.sweep.id
         # The stored request first (409 when the sweep already ended), then wake the
-        # controller if it runs in this process; one in another process sees "cancelling".
-        self.ctx.store.request_cancel(sid, self.actor)
+        # controller if it runs in this process; one in another process sees the sweep
+        # cancelling at its next heartbeat.
+        self.ctx.store.request_cancel(sid, self.actor, runs_here=self.ctx.engine.runs(sid))
         self.ctx.engine.cancel(sid)
         self.send(sweep_view(self.ctx.store.get(sid, self.actor)))
 
@@ -102,7 +103,7 @@ class TrialsHandler(SweepRoute):
         reports = self.ctx.store.reports(sid, self.actor)
         trials = self.ctx.store.trials(sid, self.actor)
         # Until SweepStore.trials says builtins.list (see pyproject.toml's [tool.mypy]).
-        self.send([trial_view(t, reports.get(t.number, [])) for t in trials])  # type: ignore[attr-defined]
+        self.send([trial_view(t, reports.get(t.number, [])) for t in trials])
 
 
 class TrialLogHandler(SweepRoute):

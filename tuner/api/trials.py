@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from tuner.api.base import MAX_ID, ApiError, JsonHandler, parse_id
-from tuner.controller import Engine
+from tuner.engine import Engine
 
 
 def _finite(value: Any) -> float | None:

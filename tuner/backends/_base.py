@@ -1,8 +1,10 @@
 """The execution backend interface: how a trial attempt becomes a running process somewhere.
 
 Backends are event-driven: the controller calls :meth:`Backend.launch` and the backend later
-reports what happened through the ``on_event`` callback it was started with. The controller
-never polls trials, so its cost per trial stays constant however many trials are running.
+reports what happened as :class:`TrialEvent` s to every callback registered with
+:meth:`Backend.subscribe` (the :class:`~tuner.engine.Engine` registers one and hands each event
+to the controller of its trial). Nobody polls trials: what an event costs does not depend on
+how many trials are running.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from tuner.snapshot import CODE_SNAPSHOT_LIMIT, copy_snapshot
 from tuner.spec import Resources, SweepSpec
+from tuner.states import EventKind
 
 # What a trial process on this machine must not inherit from the process that starts it (the
 # tuner service or the CLI): the hub's token of the service and its settings (JUPYTERHUB_*,
@@ -35,12 +37,9 @@ def inherited_environment(environ: dict[str, str] | None = None) -> dict[str, st
     }
 
 
-#: ``waiting``: the attempt was submitted but cannot start yet, and ``reason`` says why (e.g. the
-#: namespace's quota is full); it is not an outcome: ``started`` or an outcome follows.
-EventKind = Literal["started", "waiting", "succeeded", "failed"]
 Ignore = Callable[[str, list[str]], set[str]]  # what shutil.copytree leaves out
 
-# How a "started" event's reason begins when the trial paid its imports itself.
+# How a started event's reason begins when the trial paid its imports itself.
 COLD = "cold start"
 
 
@@ -72,7 +71,9 @@ class TrialLaunch:
 
 @dataclass(frozen=True)
 class TrialEvent:
-    """A state change of one attempt. ``reason`` is for people: shown on the trial."""
+    """A state change of one attempt. ``reason`` is for people: shown on the trial.
+    ``waiting``: the attempt was submitted but cannot start yet, and ``reason`` says why (e.g.
+    the namespace's quota is full); it is not an outcome: ``started`` or an outcome follows."""
 
     trial_id: int
     attempt: int
@@ -83,7 +84,7 @@ class TrialEvent:
     @property
     def final(self) -> bool:
         """An outcome (succeeded or failed), not news about a still-live attempt."""
-        return self.kind in ("succeeded", "failed")
+        return EventKind(self.kind).is_final()
 
 
 OnEvent = Callable[[TrialEvent], Awaitable[None] | None]

@@ -36,7 +36,9 @@ from tuner.backends.parent_death import die_with_parent as _die_with_parent
 from tuner.backends.warm import preload_for, warm_argv
 from tuner.backends.zygote import Zygote
 from tuner.spec import Resources, SpecError, SweepSpec
+from tuner.states import CANCELLED_REASON, EventKind
 from tuner.trial import ENV_ARTIFACT_DIR
+from tuner.workdirs import HEADER
 
 _SHELL_CHARS = set(";&|<>$`(){}*?~\n")
 KILL_GRACE_SECONDS = 5.0
@@ -178,14 +180,14 @@ class LocalBackend(Backend):
                 ownership.hand_over(launch.workdir, launch.log_path, self._artifacts(launch),
                                     owner)
             except (unix_users.UnixUserError, OSError) as exc:
-                await self.emit(TrialEvent(launch.trial_id, launch.attempt, "failed",
+                await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED,
                                            reason=f"cannot run as its owner: {exc}"))
                 return
         workers, per_worker = launch.resources.workers, launch.resources.gpu
         gpus = self.gpus.acquire(per_worker * workers)
         if gpus is None:
             await self.emit(
-                TrialEvent(launch.trial_id, launch.attempt, "failed", reason="no free GPU")
+                TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED, reason="no free GPU")
             )
             return
         # A person's trial sees none of the platform's environment (hub token, database URL).
@@ -201,7 +203,7 @@ class LocalBackend(Backend):
         preload = self._preload(launch, warm) if warm is not None else ()
         start = self._start_note(launch, warm, preload)
         with open(launch.log_path, "a") as fh:
-            fh.write(f"=== tunehub: {start} ===\n")
+            fh.write(f"{HEADER} {start} ===\n")
         metrics.TRIAL_STARTS.labels("warm" if warm is not None else "cold").inc()
         hosts = [f"127.0.0.1:{p}" for p in free_ports(workers)] if workers > 1 else []
         procs: list[tuple[int, asyncio.Future[int]]] = []
@@ -226,7 +228,7 @@ class LocalBackend(Backend):
             self.gpus.release(gpus)
             await self.emit(
                 TrialEvent(
-                    launch.trial_id, launch.attempt, "failed",
+                    launch.trial_id, launch.attempt, EventKind.FAILED,
                     reason=f"could not start {launch.command!r}: {exc.strerror or exc}",
                 )
             )
@@ -234,7 +236,8 @@ class LocalBackend(Backend):
         _write_pid(launch.workdir / f"attempt-{launch.attempt}.pid", [pid for pid, _ in procs])
         attempt = _Attempt(launch, procs, gpus, owner)
         self._attempts[launch.key] = attempt
-        await self.emit(TrialEvent(launch.trial_id, launch.attempt, "started", reason=start))
+        await self.emit(
+            TrialEvent(launch.trial_id, launch.attempt, EventKind.STARTED, reason=start))
         task = asyncio.get_running_loop().create_task(self._wait(attempt))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -335,10 +338,11 @@ class LocalBackend(Backend):
         self._attempts.pop(launch.key, None)
         _collect_worker_logs(attempt)
         if code == 0 and reason is None and attempt.stop_reason is None:
-            await self.emit(TrialEvent(launch.trial_id, launch.attempt, "succeeded", 0))
+            await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.SUCCEEDED, 0))
         else:
             reason = attempt.stop_reason or reason or describe_exit(code)
-            await self.emit(TrialEvent(launch.trial_id, launch.attempt, "failed", code, reason))
+            await self.emit(
+                TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED, code, reason))
 
     async def _outcome(self, attempt: _Attempt) -> tuple[int, str | None]:
         """The chief's exit code, and why the attempt failed although the chief did not.
@@ -389,7 +393,7 @@ class LocalBackend(Backend):
     async def cancel(self, trial_id: int, attempt: int) -> None:
         running = self._attempts.get((trial_id, attempt))
         if running is not None:
-            running.stop_reason = "cancelled"
+            running.stop_reason = CANCELLED_REASON
             await self._kill(running)
 
     async def reconcile(self, sweep_id: int, running: list[TrialLaunch]) -> set[tuple[int, int]]:

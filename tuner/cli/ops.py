@@ -36,7 +36,7 @@ class LocalOps:
         reports = store.reports(sweep_id, actor)
         trials = store.trials(sweep_id, actor)
         # Until SweepStore.trials says builtins.list (see pyproject.toml's [tool.mypy]).
-        return [trial_view(t, reports.get(t.number, [])) for t in trials]  # type: ignore[attr-defined]
+        return [trial_view(t, reports.get(t.number, [])) for t in trials]
 
     def cancel(self, sweep_id: int) -> dict[str, Any]:
         return sweep_view(context.store().request_cancel(sweep_id, context.actor()))

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tuner.states import TrialState, trials_done
+
 # Piped, in CI or under nohup there is no terminal width to fit: print every value whole
 # rather than squeezing columns to "0.0…" at rich's default of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 100_000)
@@ -34,7 +36,7 @@ def sweeps_table(sweeps: list[dict[str, Any]]) -> Table:
     for col in ("id", "name", "owner", "state", "done", "best", "backend", "created"):
         table.add_column(col)
     for s in sweeps:
-        done = s["completed"] + s["pruned"] + s["failed"]
+        done = trials_done(s)
         table.add_row(
             str(s["id"]), s["name"], s["owner"], s["state"], f"{done}/{s['trials']}",
             _fmt(s["best_value"]), s["backend"], (s["created_at"] or "")[:19],
@@ -44,8 +46,10 @@ def sweeps_table(sweeps: list[dict[str, Any]]) -> Table:
 
 def leaderboard(sweep: dict[str, Any], trials: list[dict[str, Any]], top: int = 10) -> Table:
     maximize = sweep.get("direction") != "minimize"
-    scored = [t for t in trials if t["value"] is not None and t["state"] in ("completed", "pruned")]
-    scored.sort(key=lambda t: (t["state"] != "completed", -t["value"] if maximize else t["value"]))
+    scored = [t for t in trials
+              if t["value"] is not None and TrialState(t["state"]).is_scored()]
+    scored.sort(key=lambda t: (t["state"] != TrialState.COMPLETED,
+                               -t["value"] if maximize else t["value"]))
     params = list((sweep.get("spec") or {}).get("space", {}))
     table = Table(title=f"Leaderboard: sweep {sweep['id']} ({sweep['name']}), {sweep['metric']}")
     for col in ("trial", "state", sweep["metric"] or "value", *params, "steps", "seconds"):
@@ -61,8 +65,9 @@ def leaderboard(sweep: dict[str, Any], trials: list[dict[str, Any]], top: int = 
 
 def summary_line(sweep: dict[str, Any]) -> str:
     return (
-        f"sweep {sweep['id']} {sweep['state']}: {sweep['completed']} completed, "
-        f"{sweep['pruned']} pruned, {sweep['failed']} failed; best {sweep['metric']} = "
+        f"sweep {sweep['id']} {sweep['state']}: {sweep[TrialState.COMPLETED]} completed, "
+        f"{sweep[TrialState.PRUNED]} pruned, {sweep[TrialState.FAILED]} failed; "
+        f"best {sweep['metric']} = "
         f"{_fmt(sweep['best_value'])} (trial {_fmt(sweep['best_trial'])})"
         + (f"; {sweep['reason']}" if sweep.get("reason") else "")
     )
@@ -89,10 +94,10 @@ async def progress_until(
 
         def show(s: dict[str, Any]) -> None:
             status = (
-                f"best {_fmt(s['best_value'])}  ok {s['completed']}  pruned {s['pruned']}"
-                f"  failed {s['failed']}"
+                f"best {_fmt(s['best_value'])}  ok {s[TrialState.COMPLETED]}"
+                f"  pruned {s[TrialState.PRUNED]}  failed {s[TrialState.FAILED]}"
             )
-            bar.update(bar_id, completed=s["completed"] + s["pruned"] + s["failed"],
+            bar.update(bar_id, completed=trials_done(s),
                        status=status)
 
         while not task.done():

@@ -23,9 +23,8 @@ from tuner.cli.render import (
 )
 from tuner.runtime import LocalRuntime
 from tuner.spec import SweepSpec
+from tuner.states import SweepState, TrialState
 from tuner.sweeps import sweep_dir
-
-FINISHED = ("completed", "failed", "cancelled")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -152,7 +151,7 @@ def drive(sweep_id: int, backend: str, as_json: bool = False, quiet: bool = Fals
 
     state = asyncio.run(main())
     _final(local, sweep_id, as_json, quiet)
-    return 0 if state == "completed" else EXIT_FAILED
+    return 0 if state == SweepState.COMPLETED else EXIT_FAILED
 
 
 def follow(where: RemoteOps, sweep_id: int, as_json: bool) -> int:
@@ -160,7 +159,7 @@ def follow(where: RemoteOps, sweep_id: int, as_json: bool) -> int:
 
     async def main() -> None:
         async def until_finished() -> None:
-            while where.get(sweep_id)["state"] not in FINISHED:
+            while not SweepState(where.get(sweep_id)["state"]).is_finished():
                 await asyncio.sleep(1.0)  # refresh interval of the progress display
 
         task = asyncio.get_running_loop().create_task(until_finished())
@@ -168,7 +167,7 @@ def follow(where: RemoteOps, sweep_id: int, as_json: bool) -> int:
 
     asyncio.run(main())
     state = _final(where, sweep_id, as_json, False)
-    return 0 if state == "completed" else EXIT_FAILED
+    return 0 if state == SweepState.COMPLETED else EXIT_FAILED
 
 
 def _final(where: LocalOps | RemoteOps, sweep_id: int, as_json: bool, quiet: bool) -> str:
@@ -182,7 +181,7 @@ def _final(where: LocalOps | RemoteOps, sweep_id: int, as_json: bool, quiet: boo
         if view.get("cold_start"):
             console.print(f"note: trials start cold: {view['cold_start']}", markup=False)
         for t in trials:  # unfinished trials that say why (e.g. waiting for the cluster)
-            if t["state"] in ("pending", "running") and t["reason"]:
+            if not TrialState(t["state"]).is_finished() and t["reason"]:
                 console.print(f"trial {t['number']} {t['state']}: {t['reason']}",
                               soft_wrap=True, markup=False, highlight=False)
     return str(view["state"])
@@ -208,7 +207,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     view = ops().cancel(args.id)
     if args.json:
         print_json(view)
-    elif view["state"] == "cancelling":
+    elif view["state"] == SweepState.CANCELLING:
         console.print(f"sweep {view['id']}: cancelling (its controller stops the running trials)")
     else:
         console.print(f"sweep {view['id']}: {view['state']}")
@@ -232,10 +231,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def most_useful_trial(sweep: dict[str, Any], trials: list[dict[str, Any]]) -> tuple[int, str]:
     """The trial whose log a user most likely wants: the last one that failed (its log says
     why), else the best, else the latest that started."""
-    failed = [t for t in trials if t["state"] == "failed"]
+    failed = [t for t in trials if t["state"] == TrialState.FAILED]
     if failed:
         t = max(failed, key=lambda t: t["number"])
-        return t["number"], f"the last failed trial: {t['reason'] or 'failed'}"
+        return t["number"], f"the last failed trial: {t['reason'] or TrialState.FAILED}"
     if sweep.get("best_trial") is not None:
         return int(sweep["best_trial"]), "the best trial"
     started = [t for t in trials if t["attempts"]]

@@ -2,8 +2,6 @@
 
 from tuner.db.engine import Database
 from tuner.db.models import (
-    SWEEP_ACTIVE,
-    TRIAL_FINISHED,
     Base,
     ModelVersion,
     Sweep,
@@ -19,7 +17,5 @@ __all__ = [
     "Trial",
     "TrialReport",
     "ModelVersion",
-    "SWEEP_ACTIVE",
-    "TRIAL_FINISHED",
     "utcnow",
 ]

@@ -7,7 +7,7 @@ database with its own ``studies``/``trials`` tables.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -20,7 +20,11 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from tuner.states import SweepState, TrialState
 
 
 def utcnow() -> datetime:
@@ -31,12 +35,26 @@ class Base(DeclarativeBase):
     pass
 
 
-# Sweep states: queued -> running -> completed | failed | cancelled. "cancelling" asks a
-# running controller (maybe in another process) to stop.
-SWEEP_ACTIVE = ("queued", "running", "cancelling")
-# Trial states: pending (waiting for resources) -> running -> completed | pruned | failed |
-# cancelled. A failed attempt with retries left goes back to pending.
-TRIAL_FINISHED = ("completed", "pruned", "failed", "cancelled")
+StateT = TypeVar("StateT", SweepState, TrialState)
+
+
+class StateColumn(TypeDecorator[StateT]):
+    """A state column: the state's string in the database (what the schema always held), its
+    :mod:`tuner.states` member in Python. Which states exist and how they change:
+    :mod:`tuner.states`; who changes them: :mod:`tuner.ledger`."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def __init__(self, states: type[StateT]) -> None:
+        super().__init__()
+        self.states: type[StateT] = states
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else str(self.states(value))
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> StateT | None:
+        return None if value is None else self.states(value)
 
 
 class Sweep(Base):
@@ -47,7 +65,9 @@ class Sweep(Base):
     owner: Mapped[str] = mapped_column(String(255), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     backend: Mapped[str] = mapped_column(String(32), default="local")
-    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    state: Mapped[SweepState] = mapped_column(
+        StateColumn(SweepState), default=SweepState.QUEUED, index=True
+    )
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     study_name: Mapped[str] = mapped_column(String(128), unique=True)
     code_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -82,7 +102,7 @@ class Trial(Base):
     sweep_id: Mapped[int] = mapped_column(ForeignKey("tunehub_sweeps.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(Integer)
     optuna_trial_id: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(16), default="pending")
+    state: Mapped[TrialState] = mapped_column(StateColumn(TrialState), default=TrialState.PENDING)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     value: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_step: Mapped[int | None] = mapped_column(Integer, nullable=True)

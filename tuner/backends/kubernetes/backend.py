@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tuner.backends._base import Backend, EventKind, TrialEvent, TrialLaunch
+from tuner.backends._base import Backend, TrialEvent, TrialLaunch
 from tuner.backends.kubernetes import manifests as m
 from tuner.backends.kubernetes.api import (
     ClusterUnavailable,
@@ -35,6 +35,7 @@ from tuner.backends.kubernetes.checks import check_spec
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.backends.kubernetes.status import job_outcome, job_started, pod_failure, pod_problem
 from tuner.spec import Resources, SweepSpec
+from tuner.states import CANCELLED_REASON, EventKind
 from tuner.trial import ENV_TOKEN
 
 log = logging.getLogger("tunehub.backends.kubernetes")
@@ -171,7 +172,7 @@ class KubernetesBackend(Backend):
         try:
             body = m.job(self.settings, launch)
         except ValueError as exc:
-            await self._emit(launch, "failed", str(exc))
+            await self._emit(launch, EventKind.FAILED, str(exc))
             return
         name = body["metadata"]["name"]
         att = _Attempt(launch, name, launch.resources.gpu * launch.resources.workers)
@@ -188,7 +189,8 @@ class KubernetesBackend(Backend):
                 job, adopted = existing, True  # created before a restart: adopt, never twice
         except Exception as exc:  # refused (403/422) or unreachable: the attempt failed
             self._forget(att)
-            await self._emit(launch, "failed", f"the cluster refused the Job: {describe(exc)}")
+            await self._emit(launch, EventKind.FAILED,
+                             f"the cluster refused the Job: {describe(exc)}")
             return
         try:
             token = launch.env.get(ENV_TOKEN, "")
@@ -216,13 +218,13 @@ class KubernetesBackend(Backend):
     async def cancel(self, trial_id: int, attempt: int) -> None:
         name = self._by_key.get((trial_id, attempt))
         if name is not None:
-            await self._stop(self._attempts[name], "cancelled")
+            await self._stop(self._attempts[name], CANCELLED_REASON)
             return
         for held in self._held.values():
             for launch in list(held):
                 if launch.key == (trial_id, attempt):
                     held.remove(launch)
-                    await self._emit(launch, "failed", "cancelled")
+                    await self._emit(launch, EventKind.FAILED, CANCELLED_REASON)
                     return
 
     async def _stop(self, att: _Attempt, reason: str) -> None:
@@ -234,7 +236,7 @@ class KubernetesBackend(Backend):
             await self._api().delete_job(att.job)
         except Exception as exc:  # its TTL or cleanup() removes it later
             log.warning("deleting Job %s: %s", att.job, describe(exc))
-        await self._finish(att, "failed", reason)
+        await self._finish(att, EventKind.FAILED, reason)
 
     async def _finish(self, att: _Attempt, kind: EventKind, reason: str = "") -> None:
         if att.done:
@@ -242,7 +244,7 @@ class KubernetesBackend(Backend):
         att.done = True
         if att.unschedulable is not None:
             att.unschedulable.cancel()
-        if kind == "succeeded" or att.stop_reason is None:
+        if kind == EventKind.SUCCEEDED or att.stop_reason is None:
             try:
                 await self._save_log(att)
             except Exception as exc:  # the outcome matters more than the log
@@ -257,7 +259,7 @@ class KubernetesBackend(Backend):
             del self._by_key[att.launch.key]
 
     async def _emit(self, launch: TrialLaunch, kind: EventKind, reason: str = "") -> None:
-        code = 0 if kind == "succeeded" else None
+        code = 0 if kind == EventKind.SUCCEEDED else None
         await self.emit(TrialEvent(launch.trial_id, launch.attempt, kind, code, reason))
 
     async def _release_held(self, owner: str) -> None:
@@ -328,7 +330,7 @@ class KubernetesBackend(Backend):
         names = {j["metadata"]["name"] for j in jobs}
         for att in known:
             if att.job not in names and not att.done:
-                await self._finish(att, "failed", att.stop_reason or "its Job vanished")
+                await self._finish(att, EventKind.FAILED, att.stop_reason or "its Job vanished")
 
     async def _safely(self, handler: Any, obj: dict[str, Any], deleted: bool = False) -> None:
         try:
@@ -344,14 +346,14 @@ class KubernetesBackend(Backend):
         outcome = job_outcome(job)
         if outcome is not None:
             kind, reason = outcome
-            if kind == "failed" and "DeadlineExceeded" not in reason:
+            if kind == EventKind.FAILED and "DeadlineExceeded" not in reason:
                 reason = att.pod_reason or await self._pod_reason(att) or reason
             await self._finish(att, kind, reason)
         elif deleted:
-            await self._finish(att, "failed", att.stop_reason or "its Job was deleted")
+            await self._finish(att, EventKind.FAILED, att.stop_reason or "its Job was deleted")
         elif job_started(job) and not att.started:
             att.started = True
-            await self._emit(att.launch, "started")
+            await self._emit(att.launch, EventKind.STARTED)
 
     async def _pod_reason(self, att: _Attempt) -> str | None:
         """The Job failed before the pod watch told us why: read its pods once."""
@@ -381,7 +383,7 @@ class KubernetesBackend(Backend):
         reason = f"waiting: the cluster does not create its pod yet: {message}"
         if reason != att.waiting:
             att.waiting = reason
-            await self._emit(att.launch, "waiting", reason)
+            await self._emit(att.launch, EventKind.WAITING, reason)
 
     async def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
         labels = pod["metadata"].get("labels") or {}

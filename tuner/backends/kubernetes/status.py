@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tuner.states import EventKind
+
 #: Waiting reasons after which a container never starts by itself.
 FATAL_WAITING = {
     "ErrImagePull": "image pull failed",
@@ -42,19 +44,20 @@ def job_started(job: dict[str, Any]) -> bool:
     ).get("suspend")
 
 
-def job_outcome(job: dict[str, Any]) -> tuple[Literal["succeeded", "failed"], str] | None:
-    """``("succeeded", "")`` / ``("failed", reason)`` once the Job controller decided."""
+def job_outcome(job: dict[str, Any]) -> tuple[EventKind, str] | None:
+    """``(SUCCEEDED, "")`` / ``(FAILED, reason)`` once the Job controller decided."""
     conds = _conditions(job)
     if conds.get("Complete", {}).get("status") == "True":
-        return "succeeded", ""
+        return EventKind.SUCCEEDED, ""
     failed = conds.get("Failed") or conds.get("FailureTarget")
     if failed and failed.get("status") == "True":
         reason = failed.get("reason") or "Failed"
         if reason == "DeadlineExceeded":
             deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
-            return "failed", f"timed out after {deadline}s (trial_timeout, DeadlineExceeded)"
+            return EventKind.FAILED, (
+                f"timed out after {deadline}s (trial_timeout, DeadlineExceeded)")
         message = failed.get("message") or ""
-        return "failed", f"{reason}: {message}" if message else reason
+        return EventKind.FAILED, f"{reason}: {message}" if message else reason
     return None
 
 
