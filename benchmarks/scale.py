@@ -127,13 +127,13 @@ def mirror_memory(spec: Any, url: str, sweep_id: int) -> dict[str, float]:
     import gc
     import tracemalloc
 
-    from tuner.db import Database, Sweep
+    from tuner.db import Database, SweepRow
     from tuner.mirror import load_mirror
 
     db = Database(url, migrate=False)
     try:
         with db.session() as s:
-            sweep = s.get(Sweep, sweep_id)
+            sweep = s.get(SweepRow, sweep_id)
             assert sweep is not None
             study_name = sweep.study_name
     finally:

@@ -66,11 +66,11 @@ def test_study_says_whose_sweep_it_is(home: Home, tmp_path: Path) -> None:
 
 
 def _study_name(home: Home, sweep_id: int) -> str:
-    from tuner.db import Database, Sweep
+    from tuner.db import Database, SweepRow
 
     db = Database(home.db_url)
     with db.session() as s:
-        sweep = s.get(Sweep, sweep_id)
+        sweep = s.get(SweepRow, sweep_id)
         assert sweep is not None
         return sweep.study_name
 

@@ -13,7 +13,7 @@ from sqlalchemy import select, text
 from tests.conftest import Home
 from tests.polling import wait_for
 from tests.sweeps_helpers import parse_json, write_sweep
-from tuner.db import Database, Sweep, Trial
+from tuner.db import Database, SweepRow, Trial
 
 SLOW = """
 import time, tuner
@@ -63,7 +63,7 @@ def test_sigkill_then_resume_finishes_exactly(home: Home, tmp_path: Path) -> Non
     # and no row of ours. Make that happen for sure: the resumed sweep must run it with a
     # full set of parameters under its number.
     with db.session() as s:
-        study_name = s.get(Sweep, sweep_id).study_name  # type: ignore[union-attr]
+        study_name = s.get(SweepRow, sweep_id).study_name  # type: ignore[union-attr]
     orphan = optuna.load_study(study_name=study_name, storage=home.db_url).ask()
     assert orphan.number < 8 and not orphan.params
     # It can also land between our recording a result and telling Optuna: a trial finished
@@ -92,7 +92,7 @@ def test_sigkill_then_resume_finishes_exactly(home: Home, tmp_path: Path) -> Non
     restarted = [t for t in out["trials_detail"] if t["attempts"] > 1]
     assert restarted, "the trials running at the kill were run again"
     with db.session() as s:
-        sweep = s.get(Sweep, sweep_id)
+        sweep = s.get(SweepRow, sweep_id)
         assert sweep is not None
         study = optuna.load_study(study_name=sweep.study_name, storage=home.db_url)
     assert len(study.trials) == 8

@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tuner import metrics
-from tuner.db import Database, Sweep, Trial, TrialReport, utcnow
+from tuner.db import Database, SweepRow, Trial, TrialReport, utcnow
 from tuner.errors import Conflict, NotFound
 from tuner.ranking import is_better
 from tuner.states import SweepState, TrialState, check_sweep, check_trial
@@ -58,7 +58,7 @@ def tell_quietly(teller: Teller, number: int, state: TrialState, value: float | 
         teller.tell(number, state=theirs, skip_if_finished=True)
 
 
-def controller_alive(sweep: Sweep) -> bool:
+def controller_alive(sweep: SweepRow) -> bool:
     """Is the controller that claimed this sweep still running?"""
     if sweep.controller_pid is None or sweep.heartbeat_at is None:
         return False
@@ -111,9 +111,9 @@ class Ledger:
 
     # --- reading -------------------------------------------------------------------------
 
-    def sweep(self, sweep_id: int) -> Sweep:
+    def sweep(self, sweep_id: int) -> SweepRow:
         with self.db.session() as s:
-            sweep = s.get(Sweep, sweep_id)
+            sweep = s.get(SweepRow, sweep_id)
             if sweep is None:
                 raise NotFound(f"sweep {sweep_id} not found")
             return sweep
@@ -151,7 +151,7 @@ class Ledger:
         """The controller is alive; returns the sweep's state (a cancel asked elsewhere shows
         as ``cancelling``), None when the sweep is gone."""
         with self.db.session() as s:
-            sweep = s.get(Sweep, sweep_id)
+            sweep = s.get(SweepRow, sweep_id)
             if sweep is None:
                 return None
             sweep.heartbeat_at = utcnow()
@@ -186,7 +186,7 @@ class Ledger:
         """This process stops controlling the sweep without ending it (shutdown): the next
         controller may claim it at once."""
         with self.db.session() as s:
-            sweep = s.get(Sweep, sweep_id)
+            sweep = s.get(SweepRow, sweep_id)
             if sweep is not None and sweep.controller_pid == os.getpid():
                 sweep.controller_pid = None
 
@@ -358,8 +358,8 @@ class Ledger:
             return Counts(sweep.n_completed, sweep.n_pruned, sweep.n_failed)
 
 
-def _sweep(s: Session, sweep_id: int, lock: bool = False) -> Sweep:
-    sweep = s.get(Sweep, sweep_id, with_for_update=lock)
+def _sweep(s: Session, sweep_id: int, lock: bool = False) -> SweepRow:
+    sweep = s.get(SweepRow, sweep_id, with_for_update=lock)
     if sweep is None:
         raise NotFound(f"sweep {sweep_id} not found")
     return sweep

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from tuner.db import ModelVersion, Sweep, Trial
+from tuner.db import ModelVersion, SweepRow, Trial
 from tuner.states import TrialState
 
 
@@ -14,7 +14,7 @@ def _time(value: datetime | None) -> str | None:
     return value.isoformat() + "Z" if value is not None else None
 
 
-def sweep_view(sweep: Sweep) -> dict[str, Any]:
+def sweep_view(sweep: SweepRow) -> dict[str, Any]:
     spec = sweep.spec or {}
     return {
         "id": sweep.id,

@@ -21,7 +21,7 @@ from tuner.api.app import make_app
 from tuner.api.auth import make_hub_auth
 from tuner.api.context import ServiceContext
 from tuner.backends import make_backend
-from tuner.db import Database, Sweep
+from tuner.db import Database, SweepRow
 from tuner.engine import Engine
 from tuner.errors import Conflict
 from tuner.ledger import controller_alive
@@ -46,8 +46,9 @@ def adopt_orphans(engine: Engine) -> list[int]:
     with engine.db.session() as s:
         sweeps = list(
             s.scalars(
-                select(Sweep).where(
-                    Sweep.state.in_(SweepState.active()), Sweep.backend.in_(list(engine.backends))
+                select(SweepRow).where(
+                    SweepRow.state.in_(SweepState.active()),
+                    SweepRow.backend.in_(list(engine.backends)),
                 )
             )
         )

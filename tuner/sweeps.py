@@ -17,7 +17,7 @@ import optuna
 from sqlalchemy import func, select
 
 from tuner.backends._base import Backend
-from tuner.db import Database, ModelVersion, Sweep, Trial, TrialReport
+from tuner.db import Database, ModelVersion, SweepRow, Trial, TrialReport
 from tuner.errors import Forbidden, NotFound
 from tuner.ledger import Ledger
 from tuner.settings import Settings
@@ -86,7 +86,7 @@ class SweepStore:
         backend: Backend,
         files: dict[str, bytes] | None = None,
         confined: bool = False,
-    ) -> Sweep:
+    ) -> SweepRow:
         """Validate against the backend, snapshot the code (plus ``files``, e.g. a pickled
         notebook function), create the study. Nothing is left behind when a step refuses.
 
@@ -134,7 +134,7 @@ class SweepStore:
             study_name = new_study_name(spec, actor.name)
             create_study(spec, study_name, self.db.url, owner=actor.name)
             with self.db.session() as s:
-                sweep = Sweep(
+                sweep = SweepRow(
                     name=spec.name,
                     owner=actor.name,
                     spec=spec.to_dict(),
@@ -181,18 +181,18 @@ class SweepStore:
 
     # --- queries -------------------------------------------------------------------------
 
-    def get(self, sweep_id: int, actor: Actor) -> Sweep:
+    def get(self, sweep_id: int, actor: Actor) -> SweepRow:
         with self.db.session() as s:
-            sweep = s.get(Sweep, sweep_id)
+            sweep = s.get(SweepRow, sweep_id)
             if sweep is None or not (actor.admin or sweep.owner == actor.name):
                 raise NotFound(f"sweep {sweep_id} not found")
             return sweep
 
-    def list(self, actor: Actor, limit: int = 200) -> builtins.list[Sweep]:
+    def list(self, actor: Actor, limit: int = 200) -> builtins.list[SweepRow]:
         with self.db.session() as s:
-            query = select(Sweep).order_by(Sweep.id.desc()).limit(limit)
+            query = select(SweepRow).order_by(SweepRow.id.desc()).limit(limit)
             if not actor.admin:
-                query = query.where(Sweep.owner == actor.name)
+                query = query.where(SweepRow.owner == actor.name)
             return list(s.scalars(query))
 
     def trials(self, sweep_id: int, actor: Actor) -> builtins.list[Trial]:
@@ -243,7 +243,7 @@ class SweepStore:
 
     # --- changes -------------------------------------------------------------------------
 
-    def request_cancel(self, sweep_id: int, actor: Actor, runs_here: bool = False) -> Sweep:
+    def request_cancel(self, sweep_id: int, actor: Actor, runs_here: bool = False) -> SweepRow:
         """Ask the sweep's controller to stop; with no live controller, cancel it here.
         ``runs_here``: this process's engine runs the sweep (it is woken by the caller)."""
         self.get(sweep_id, actor)
@@ -251,7 +251,7 @@ class SweepStore:
             self.cancel_offline(sweep_id)
         return self.get(sweep_id, actor)
 
-    def cancel_offline(self, sweep_id: int) -> Sweep:
+    def cancel_offline(self, sweep_id: int) -> SweepRow:
         """Cancel a sweep no controller runs, the way its controller ends a cancelled one
         (:meth:`tuner.ledger.Ledger.end_sweep`): unfinished trials become cancelled (FAIL in
         Optuna, which has no cancelled state, told after our commit)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tuner.api.auth import UserHandler
 from tuner.api.base import parse_id
-from tuner.db import Sweep
+from tuner.db import SweepRow
 from tuner.errors import NotFound
 from tuner.spec import NAME_RE as MODEL_NAME
 
@@ -23,7 +23,7 @@ from tuner.spec import NAME_RE as MODEL_NAME
 class SweepRoute(UserHandler):
     """A route whose first path argument is a sweep id: ``self.sweep`` is the caller's."""
 
-    sweep: Sweep
+    sweep: SweepRow
 
     async def prepare(self) -> None:
         await super().prepare()

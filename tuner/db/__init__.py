@@ -4,7 +4,7 @@ from tuner.db.engine import Database
 from tuner.db.models import (
     Base,
     ModelVersion,
-    Sweep,
+    SweepRow,
     Trial,
     TrialReport,
     utcnow,
@@ -13,7 +13,7 @@ from tuner.db.models import (
 __all__ = [
     "Database",
     "Base",
-    "Sweep",
+    "SweepRow",
     "Trial",
     "TrialReport",
     "ModelVersion",

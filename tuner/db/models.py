@@ -57,7 +57,10 @@ class StateColumn(TypeDecorator[StateT]):
         return None if value is None else self.states(value)
 
 
-class Sweep(Base):
+class SweepRow(Base):
+    """One sweep in the tuner's database. Named ``SweepRow`` so it is never confused with the
+    notebook's :class:`tuner.Sweep`, the user-facing handle on the same sweep."""
+
     __tablename__ = "tunehub_sweeps"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
