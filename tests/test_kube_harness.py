@@ -250,7 +250,7 @@ async def test_delete_job_orphan_keeps_pods(kube: KubeCluster,
     # marked while its pod is still there (a pod that exits at once could take the Job with it
     # before the test looks).
     stubborn = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                "time.sleep(600)")
+                "print('ignoring SIGTERM', flush=True); time.sleep(600)")
     await batch.create_namespaced_job(NS, job_body(
         "fg", stubborn, pod={"terminationGracePeriodSeconds": 5}))
 
@@ -258,6 +258,12 @@ async def test_delete_job_orphan_keeps_pods(kube: KubeCluster,
         return kube.objects("pods", label_selector="job-name=fg")
 
     await eventually(fg_pod, 30, "the second job's pod")
+
+    async def ignoring() -> bool:  # SIGTERM before the handler is set would end the pod at once
+        pod = (await fg_pod())[0]["metadata"]["name"]
+        return "ignoring SIGTERM" in kube.pod_log(pod)
+
+    await eventually(ignoring, 60, "the second job's pod to ignore SIGTERM")
     await batch.delete_namespaced_job("fg", NS, propagation_policy="Foreground")
     job = kube.get("jobs", "fg")  # stays, marked, until its pods are gone
     assert job["metadata"]["finalizers"] == ["foregroundDeletion"]

@@ -295,8 +295,10 @@ def test_every_route_every_state_every_caller(world: dict[str, Any]) -> None:
             trial_token.encode()).hexdigest()
     r = owner("POST", f"sweeps/{sweeps['queued']}/resume")  # a second trial in the service
     assert r.status_code == 200 and r.json()["state"] == "running", r.text
-    wait_for(lambda: owner("GET", f"sweeps/{sweeps['queued']}/trials").json()[0]["state"]
-             == "running", timeout=120, what="the resumed sweep's trial to run")
+    # The resumed controller asks for the trial once its study is loaded (in a thread): the
+    # list may still be empty on the first look.
+    wait_for(lambda: [t["state"] for t in owner("GET", f"sweeps/{sweeps['queued']}/trials").json()
+                      ][:1] == ["running"], timeout=120, what="the resumed sweep's trial to run")
     other_trial = store.trial(sweeps["queued"], 0, Actor("admin", admin=True)).id
     report = httpx.post(
         f"{world['platform'].url}{API}trials/{other_trial}/report",
