@@ -4,6 +4,7 @@ Optuna upgrade, re-check the seam it names before widening the range in ``pyproj
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import warnings
@@ -135,3 +136,89 @@ def test_storage_calls_of_the_mirror(tmp_path: Path) -> None:
     assert db.get_trial(copied_id).params["lr"] == pytest.approx(0.01)
     everything = db.get_all_trials(db_study, deepcopy=False)
     assert [t.number for t in everything] == [0]
+
+
+ADAPTER = Path("tuner/optuna_adapter.py")
+
+
+def optuna_private_uses(source: str) -> list[str]:
+    """What a module uses of Optuna below its user-facing API: a private module or name
+    imported (``optuna.samplers._tpe``, ``from optuna.x import _y``), a private member read on
+    anything but ``self``/``cls``/``super()`` in a module that imports Optuna (``trial._trial_id``),
+    and a subclass of a concrete Optuna class (overriding its behaviour, like our grid sampler's
+    ``after_trial``; its abstract ``Base*`` interfaces are public and fine)."""
+    tree = ast.parse(source)
+    found: list[str] = []
+    optuna_names: set[str] = set()  # names bound to Optuna modules or classes here
+
+    def private(dotted: str) -> bool:
+        return any(p.startswith("_") and not p.startswith("__") for p in dotted.split("."))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "optuna":
+                    optuna_names.add((alias.asname or alias.name).split(".")[0])
+                    if private(alias.name):
+                        found.append(f"{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "optuna":
+            for alias in node.names:
+                optuna_names.add(alias.asname or alias.name)
+                if private(f"{node.module}.{alias.name}"):
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+    if not optuna_names:
+        return found
+
+    def root(expr: ast.expr) -> str | None:
+        while isinstance(expr, ast.Attribute):
+            expr = expr.value
+        return expr.id if isinstance(expr, ast.Name) else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            owner = node.value
+            is_super = (isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name)
+                        and owner.func.id == "super")
+            if not (is_super or (isinstance(owner, ast.Name) and owner.id in ("self", "cls"))):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+                if root(base) in optuna_names and not name.startswith("Base"):
+                    found.append(f"{node.lineno}: class {node.name}({ast.unparse(base)})")
+    return sorted(found, key=lambda use: int(use.split(":")[0]))
+
+
+def test_the_scan_finds_each_kind_of_private_use() -> None:
+    source = """
+import optuna
+from optuna.samplers._tpe.sampler import _split_trials
+from optuna.samplers import BaseSampler, GridSampler
+class Ours(BaseSampler): ...
+class Grid(GridSampler): ...
+class Tpe(optuna.samplers.TPESampler):
+    def after_trial(self, study):
+        self._private = super()._hook(study._storage)
+def f(trial):
+    return trial._trial_id
+"""
+    assert optuna_private_uses(source) == [
+        "3: from optuna.samplers._tpe.sampler import _split_trials",
+        "6: class Grid(GridSampler)",
+        "7: class Tpe(optuna.samplers.TPESampler)",
+        "9: study._storage",
+        "11: trial._trial_id",
+    ]
+    assert optuna_private_uses("def f(x):\n    return x._y\n") == []  # no Optuna here
+
+
+def test_only_the_adapter_uses_optuna_below_its_api() -> None:
+    """Everything that leans on Optuna's internals stays in :mod:`tuner.optuna_adapter`, where
+    the tests above pin it; anywhere else an Optuna upgrade would break it silently."""
+    found = []
+    for path in sorted([*REPO.glob("tuner/**/*.py"), *REPO.glob("hub/**/*.py")]):
+        rel = path.relative_to(REPO)
+        if rel != ADAPTER:
+            found += [f"{rel}:{use}" for use in optuna_private_uses(path.read_text())]
+    assert not found, "move these into tuner/optuna_adapter.py:\n" + "\n".join(found)
+    assert optuna_private_uses((REPO / ADAPTER).read_text()), "the scan sees the adapter's seam"

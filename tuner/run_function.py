@@ -7,7 +7,7 @@ parameters; a number it returns is reported as the trial's result. It may call
 The client (:meth:`tuner.client.Sweep.submit`) and the API (``POST sweeps`` with a
 ``function``) both take the command from here, so the command a notebook sends is the one the
 service accepts. Every backend then runs it like any other command: the local backend directly or
-forked warm (``python -m`` is what :func:`tuner.backends.zygote.warm_argv` accepts), the
+forked warm (``python -m`` is what :func:`tuner.backends.warm.warm_argv` accepts), the
 Kubernetes backend in the trial image, whose ``python`` has the tunehub package installed.
 This module imports nothing heavy at the top: the notebook client imports it for the constants.
 """

@@ -82,24 +82,45 @@ def rank_key(trial: FrozenTrial, state: TrialState, values: Sequence[float] | No
     return None
 
 
+class Reservoir:
+    """A uniform sample of ``size`` trial numbers from a stream of them (Algorithm R): after
+    ``n`` offers each offered number is in the sample with the same probability, ``size / n``.
+    Both views sample with it: TPE's over the trials that left its recent window, the pruners'
+    over every finished trial."""
+
+    def __init__(self, size: int, seed: int | None) -> None:
+        self.size = size
+        self.numbers: list[int] = []
+        self.offered = 0
+        self._rng = random.Random(seed)
+
+    def offer(self, number: int) -> None:
+        self.offered += 1
+        if len(self.numbers) < self.size:
+            self.numbers.append(number)
+            return
+        slot = self._rng.randrange(self.offered)
+        if slot < self.size:
+            self.numbers[slot] = number
+
+
 class TrialSelection:
     """Which finished trials the view keeps: the best, the newest, a reservoir sample of the
     rest. Bookkeeping of trial numbers only; each trial is added once, when it finishes."""
 
     def __init__(self, seed: int | None, best: int = BEST, recent: int = RECENT,
                  sample: int = SAMPLE) -> None:
-        self.best_size, self.sample_size = best, sample
+        self.best_size = best
         self.best: list[tuple[_RankKey, int]] = []  # sorted, best first
         self.recent: deque[int] = deque(maxlen=recent)
-        self.reservoir: list[int] = []
+        # fed the trials that leave the recent window
+        self.reservoir = Reservoir(sample, seed)
         self.finished = 0
-        self._aged = 0  # trials that left the recent window (the reservoir's stream)
-        self._rng = random.Random(seed)
         self._numbers: list[int] | None = None
 
     @property
     def bound(self) -> int:
-        return self.best_size + (self.recent.maxlen or 0) + self.sample_size
+        return self.best_size + (self.recent.maxlen or 0) + self.reservoir.size
 
     def add(self, number: int, key: _RankKey) -> None:
         self.finished += 1
@@ -107,19 +128,8 @@ class TrialSelection:
         bisect.insort(self.best, (key, number))
         del self.best[self.best_size:]
         if len(self.recent) == self.recent.maxlen:
-            self._age(self.recent[0])
+            self.reservoir.offer(self.recent[0])
         self.recent.append(number)
-
-    def _age(self, number: int) -> None:
-        """Reservoir sampling (Algorithm R): every aged trial is in the sample with the same
-        probability."""
-        self._aged += 1
-        if len(self.reservoir) < self.sample_size:
-            self.reservoir.append(number)
-            return
-        slot = self._rng.randrange(self._aged)
-        if slot < self.sample_size:
-            self.reservoir[slot] = number
 
     def bounded(self) -> bool:
         """Whether the view is smaller than the history (else it is the whole study)."""
@@ -130,7 +140,7 @@ class TrialSelection:
         if self._numbers is None:
             kept = {n for _, n in self.best}
             kept.update(self.recent)
-            kept.update(self.reservoir)
+            kept.update(self.reservoir.numbers)
             self._numbers = sorted(kept)
         return self._numbers
 
@@ -311,28 +321,23 @@ class UniformSelection:
     sample of a thousand estimates as well as all of them."""
 
     def __init__(self, seed: int | None, size: int = PRUNE_SAMPLE) -> None:
-        self.size = size
-        self.reservoir: list[int] = []
-        self.finished = 0
-        self._rng = random.Random(seed)
+        self.reservoir = Reservoir(size, seed)
         self._numbers: list[int] | None = None
 
+    @property
+    def finished(self) -> int:
+        return self.reservoir.offered
+
     def add(self, number: int) -> None:
-        self.finished += 1
         self._numbers = None
-        if len(self.reservoir) < self.size:
-            self.reservoir.append(number)
-            return
-        slot = self._rng.randrange(self.finished)
-        if slot < self.size:
-            self.reservoir[slot] = number
+        self.reservoir.offer(number)
 
     def bounded(self) -> bool:
-        return self.finished > self.size
+        return self.finished > self.reservoir.size
 
     def numbers(self) -> list[int]:
         if self._numbers is None:
-            self._numbers = sorted(self.reservoir)
+            self._numbers = sorted(self.reservoir.numbers)
         return self._numbers
 
 

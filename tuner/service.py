@@ -47,7 +47,7 @@ def adopt_orphans(engine: Engine) -> list[int]:
         sweeps = list(
             s.scalars(
                 select(SweepRow).where(
-                    SweepRow.state.in_(SweepState.active()),
+                    SweepRow.state.in_(SweepState.unfinished()),
                     SweepRow.backend.in_(list(engine.backends)),
                 )
             )

@@ -12,7 +12,7 @@ Every other ``TUNEHUB_*`` variable configures one part and is read there: the hu
 :mod:`tuner.backends.kubernetes.settings`), a trial's own variables (:mod:`tuner.trial`), the
 service (:mod:`tuner.service`), ``tunehub up`` (:mod:`tuner.cli.up`), and so on.
 
-Nothing here creates files; callers ask for a directory with :func:`ensure_dirs`.
+Nothing here creates files; callers ask for the directories with :meth:`Settings.ensure_dirs`.
 """
 
 from __future__ import annotations

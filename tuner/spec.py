@@ -9,7 +9,8 @@ stored copy of a sweep is exactly what was validated.
 is required, how it is read (its reader) and, where it is not plain data, how it is written back
 live on the field itself. Parsing, the list of known fields, the defaults and ``to_dict`` all
 walk that declaration, so a new field is one line. The values inside fields (parameter ranges,
-resources, promotion, pruner) and their readers are in :mod:`tuner.spec_values`.
+resources, promotion, pruner) and their readers are in :mod:`tuner.spec_values`, the search
+space's in :mod:`tuner.spec_space`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from tuner.spec_space import CategoricalParam, FloatParam, IntParam, Param, read_space
 from tuner.spec_values import (
     DIRECTIONS,
     MAX_INT,
@@ -38,23 +40,17 @@ from tuner.spec_values import (
     PRUNER_OPTIONS,
     PRUNERS,
     SAMPLERS,
-    CategoricalParam,
     Direction,
-    FloatParam,
-    IntParam,
-    Param,
     Promote,
     PrunerSpec,
     Resources,
     SpecError,
-    dump,
     parse_duration,
     read_choice,
     read_int,
     read_promote,
     read_pruner,
     read_resources,
-    read_space,
     read_str,
 )
 
@@ -95,6 +91,29 @@ class _Reading:
 
 # A reader gets the reading, the field's name and its declared default (None when required).
 Reader = Callable[[_Reading, str, Any], Any]
+
+
+def dump(value: Any) -> Any:
+    """A value type (or a plain value) as JSON-able data, from its declaration: every field
+    of a dataclass, tuples as lists. A parameter's ``step`` is left out when it is the default
+    (every value), so the stored spec says what the user said."""
+    if isinstance(value, PrunerSpec):
+        return {"type": value.type, **dict(value.options)}
+    if isinstance(value, FloatParam | IntParam | CategoricalParam):
+        out: dict[str, Any] = {"type": value.type}
+        for f in fields(value):
+            item = getattr(value, f.name)
+            if f.name != "type" and not (f.name == "step" and item == f.default):
+                out[f.name] = dump(item)
+        return out
+    if isinstance(value, Resources | Promote):
+        return {f.name: dump(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return {k: dump(v) for k, v in value.items()}
+    return value
+
 
 
 def _spec_field(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -34,7 +34,29 @@ else:  # pragma: no cover - Python 3.10 (pyproject's floor)
             return str(self.value)
 
 
-class SweepState(StrEnum):
+_L = TypeVar("_L", bound="_Lifecycle")
+
+
+class _Lifecycle(StrEnum):
+    """What sweep and trial states share: one rule for "finished". A state is finished when its
+    transition table below has no way out of it, so the finished states and the table cannot
+    disagree (``tests/test_states.py`` walks both)."""
+
+    def is_finished(self) -> bool:
+        """Ended for good: no change leaves it (nothing to resume, cancel or tell Optuna)."""
+        return self in _FINISHED[type(self)]
+
+    @classmethod
+    def finished(cls: type[_L]) -> tuple[_L, ...]:
+        return tuple(s for s in cls if s.is_finished())
+
+    @classmethod
+    def unfinished(cls: type[_L]) -> tuple[_L, ...]:
+        """The sweeps a controller runs or will (resume); the trials a cancel ends."""
+        return tuple(s for s in cls if not s.is_finished())
+
+
+class SweepState(_Lifecycle):
     """A sweep's state. ``cancelling`` asks a running controller (maybe in another process) to
     stop; the controller then makes it ``cancelled``."""
 
@@ -45,24 +67,8 @@ class SweepState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    def is_finished(self) -> bool:
-        """Ended for good: nothing to resume, nothing to cancel."""
-        return self in _SWEEP_FINISHED
 
-    def is_active(self) -> bool:
-        """Not ended: a controller runs it, or will (resume)."""
-        return self not in _SWEEP_FINISHED
-
-    @classmethod
-    def finished(cls) -> tuple[SweepState, ...]:
-        return tuple(s for s in cls if s.is_finished())
-
-    @classmethod
-    def active(cls) -> tuple[SweepState, ...]:
-        return tuple(s for s in cls if s.is_active())
-
-
-class TrialState(StrEnum):
+class TrialState(_Lifecycle):
     """A trial's state (tunehub's, not Optuna's: see the module docstring). ``pending``: asked
     from Optuna and waiting for a slot, its first attempt or its next one."""
 
@@ -73,10 +79,6 @@ class TrialState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    def is_finished(self) -> bool:
-        """Ended for good: its result (or lack of one) is final and Optuna is told."""
-        return self in _TRIAL_FINISHED
-
     def is_scored(self) -> bool:
         """Ended with a value that ranks it: completed, or pruned at a step."""
         return self in (TrialState.COMPLETED, TrialState.PRUNED)
@@ -84,14 +86,6 @@ class TrialState(StrEnum):
     def counts_as_failure(self) -> bool:
         """Counts toward ``max_failed_trials`` (a cancelled trial is no failure)."""
         return self is TrialState.FAILED
-
-    @classmethod
-    def finished(cls) -> tuple[TrialState, ...]:
-        return tuple(s for s in cls if s.is_finished())
-
-    @classmethod
-    def unfinished(cls) -> tuple[TrialState, ...]:
-        return tuple(s for s in cls if not s.is_finished())
 
 
 class EventKind(StrEnum):
@@ -107,11 +101,6 @@ class EventKind(StrEnum):
         """An outcome, not news about a still-live attempt."""
         return self in (EventKind.SUCCEEDED, EventKind.FAILED)
 
-
-_SWEEP_FINISHED = frozenset({SweepState.COMPLETED, SweepState.FAILED, SweepState.CANCELLED})
-_TRIAL_FINISHED = frozenset(
-    {TrialState.COMPLETED, TrialState.PRUNED, TrialState.FAILED, TrialState.CANCELLED}
-)
 
 #: The finished trial states a sweep keeps a counter of; its JSON view has one field each,
 #: named by the state (``{"completed": 3, "pruned": 1, "failed": 0, ...}``).
@@ -167,6 +156,12 @@ TRIAL_TRANSITIONS: dict[tuple[TrialState, TrialState], str] = {
 }
 
 del S, T
+
+#: Each kind's finished states: those no transition leaves (see :class:`_Lifecycle`).
+_FINISHED: dict[type[_Lifecycle], frozenset[_Lifecycle]] = {
+    kind: frozenset(kind) - {old for old, _ in table}
+    for kind, table in ((SweepState, SWEEP_TRANSITIONS), (TrialState, TRIAL_TRANSITIONS))
+}
 
 
 class IllegalTransition(RuntimeError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import uuid
 
 import optuna
@@ -28,6 +29,7 @@ from tuner.spec import OUR_PRUNER_OPTIONS, SpecError, SweepSpec
 from tuner.states import TrialState
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+log = logging.getLogger("tunehub.study")
 
 
 def check_sampler_available(spec: SweepSpec) -> None:
@@ -148,12 +150,25 @@ def create_study(
     return study
 
 
-def record_sweep_id(study_name: str, url: str, sweep_id: int) -> None:
-    """Name the sweep a study belongs to, once the sweep's row exists."""
-    study = optuna.load_study(
-        study_name=study_name, storage=storage_for(url), sampler=optuna.samplers.RandomSampler()
-    )
-    study.set_user_attr(SWEEP_ID_ATTR, sweep_id)
+def record_sweep_id(study_name: str, url: str, sweep_id: int) -> bool:
+    """Name the sweep a study belongs to, once the sweep's row exists; False if that failed.
+
+    Best effort, by design: it runs after the sweep's row is committed (the id exists only
+    then), so the sweep exists and a controller may already run it. A failure here (the
+    database busy or gone for a moment) must not turn that submission into an error the
+    notebook would retry, submitting the sweep twice; the attribute only labels the study
+    for people reading it in optuna-dashboard, and tunehub never reads it back."""
+    try:
+        study = optuna.load_study(
+            study_name=study_name, storage=storage_for(url),
+            sampler=optuna.samplers.RandomSampler(),
+        )
+        study.set_user_attr(SWEEP_ID_ATTR, sweep_id)
+    except Exception:
+        log.warning("sweep %s: could not record its id on study %r", sweep_id, study_name,
+                    exc_info=True)
+        return False
+    return True
 
 
 def complete_params(

@@ -120,7 +120,8 @@ class SweepStore:
         # (trial reports, heartbeats) that long. Then the study: Optuna writes through its own
         # connection, which must not wait on a transaction of ours. Then our row, and the
         # staged snapshot renamed into the sweep's directory (instant). Last, after our
-        # commit, the study learns the sweep's id (a user attribute, for optuna-dashboard).
+        # commit, the study learns the sweep's id (a user attribute, for optuna-dashboard; best
+        # effort: the sweep exists by then, see record_sweep_id).
         self.settings.sweeps_dir.mkdir(parents=True, exist_ok=True)
         staging = self.settings.sweeps_dir / f".incoming-{uuid.uuid4().hex}"
         target: Path | None = None

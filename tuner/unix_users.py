@@ -284,16 +284,7 @@ def grant_passage(gid: int, directories: Sequence[Path]) -> list[Path]:
     """Let group ``gid`` pass ``directories`` (an ACL entry, execute only: no listing, no
     reading); returns the directories it was granted on, to give back with
     :func:`revoke_passage`. Directories whose ACL cannot be changed are left out."""
-    granted: list[Path] = []
-    for d in directories:
-        try:
-            with _acl_lock(d):
-                subprocess.run(["setfacl", "-m", f"g:{gid}:x", str(d)], capture_output=True,
-                               check=True)
-        except (OSError, subprocess.CalledProcessError):
-            continue
-        granted.append(d)
-    return granted
+    return [d for d in directories if _setfacl(d, "-m", f"g:{gid}:x")]
 
 
 def revoke_passage(gid: int, directories: Sequence[Path]) -> None:
@@ -306,12 +297,19 @@ def revoke_passage(gid: int, directories: Sequence[Path]) -> None:
     ("Permission denied" running Python); it also brought back entries of groups already
     deleted, whose gid a new group may get."""
     for d in directories:
-        try:
-            with _acl_lock(d):
-                subprocess.run(["setfacl", "-x", f"g:{gid}", str(d)], capture_output=True,
-                               check=True)
-        except (OSError, subprocess.CalledProcessError):
-            continue
+        _setfacl(d, "-x", f"g:{gid}")
+
+
+def _setfacl(directory: Path, *change: str) -> bool:
+    """``setfacl *change directory`` under the directory's ACL lock; False if it could not
+    be changed (no ``setfacl``, a file system without ACLs, not ours)."""
+    try:
+        with _acl_lock(directory):
+            subprocess.run(["setfacl", *change, str(directory)], capture_output=True,
+                           check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return True
 
 
 @contextmanager

@@ -7,6 +7,7 @@ Keep it in step with :mod:`tuner.serialize` (the JSON views) and the handlers.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from tornado.web import RequestHandler
@@ -73,6 +74,11 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": sorted(properties), "properties": properties}
 
 
+def _one_of(values: Iterable[str]) -> dict[str, Any]:
+    """A string that is one of ``values`` (a state enum's members, the backends' names)."""
+    return {"type": "string", "enum": [str(v) for v in values]}
+
+
 _TIME = _nullable("string", format="date-time")
 
 SCHEMAS: dict[str, Any] = {
@@ -90,7 +96,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["spec"],
         "properties": {
             "spec": {"type": "object", "description": "the sweep spec (README, DESIGN.md)"},
-            "backend": {"type": "string", "enum": list(BACKENDS)},
+            "backend": _one_of(BACKENDS),
             "function": {
                 "type": "string",
                 "description": "base64 cloudpickle of a callable(params) -> float, instead of "
@@ -102,10 +108,7 @@ SCHEMAS: dict[str, Any] = {
         "id": {"type": "integer"},
         "name": {"type": "string"},
         "owner": {"type": "string"},
-        "state": {
-            "type": "string",
-            "enum": [str(s) for s in SweepState],
-        },
+        "state": _one_of(SweepState),
         "reason": _nullable("string"),
         "backend": {"type": "string"},
         "metric": _nullable("string"),
@@ -126,10 +129,7 @@ SCHEMAS: dict[str, Any] = {
     }),
     "Trial": _object({
         "number": {"type": "integer"},
-        "state": {
-            "type": "string",
-            "enum": [str(s) for s in TrialState],
-        },
+        "state": _one_of(TrialState),
         "value": _nullable("number"),
         "params": {"type": "object"},
         "attempts": {"type": "integer"},
@@ -178,7 +178,7 @@ SCHEMAS: dict[str, Any] = {
     }),
     "PromoteRequest": {
         "type": "object",
-        "properties": {"stage": {"type": "string", "enum": list(STAGES)}},
+        "properties": {"stage": _one_of(STAGES)},
     },
     "Report": {
         "type": "object",

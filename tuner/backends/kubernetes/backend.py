@@ -10,6 +10,10 @@ Restart safety: Job names are deterministic, so a second create of the same atte
 409 that adopts the existing Job; :meth:`reconcile` adopts running Jobs of a sweep by label and
 deletes the rest; and one trial never runs two attempts at once (launching attempt N+1 stops
 any attempt of that trial still alive).
+
+Keeping the watches alive is :mod:`.watch`'s job, reading pods after the fact (the log at the
+end, a failure the pod watch missed) :mod:`.job_pods`'s; this module decides what each object
+means for its attempt.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from tuner.backends.kubernetes.api import (
     describe,
 )
 from tuner.backends.kubernetes.checks import check_spec
+from tuner.backends.kubernetes.job_pods import JOB_NAME_LABEL, first_failure, job_pods, save_log
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.backends.kubernetes.status import job_outcome, job_started, pod_failure, pod_problem
+from tuner.backends.kubernetes.watch import Listed, Watch
 from tuner.spec import Resources, SweepSpec
 from tuner.states import CANCELLED_REASON, EventKind
 from tuner.trial import ENV_TOKEN
@@ -41,7 +47,6 @@ from tuner.trial import ENV_TOKEN
 log = logging.getLogger("tunehub.backends.kubernetes")
 
 START_TIMEOUT = 60.0
-RETRY_SECONDS = 2.0  # back-off before re-listing after a failed watch
 #: The Job controller's Events for pods it cannot create (quota, Pod Security, ...).
 FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
 #: Refusals of a trial's pod that no waiting fixes (the pod spec itself is at fault): the
@@ -80,8 +85,6 @@ class KubernetesBackend(Backend):
         self._held: dict[str, deque[TrialLaunch]] = {}  # over the per-user cap, by owner
         self._watches: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._ready: dict[str, asyncio.Event] = {}
-        self._start_error = ""  # why the first list failed: start() reports it
 
     @classmethod
     def from_env(cls) -> KubernetesBackend:
@@ -121,21 +124,27 @@ class KubernetesBackend(Backend):
         if self.kube is not None:
             return
         self.kube = Kube(await connect(self.settings), self.settings.namespace)
+        watches = [
+            Watch(self.kube, "jobs", WATCHES["jobs"], self._on_job, self._known_jobs),
+            Watch(self.kube, "pods", WATCHES["pods"], self._on_pod),
+            Watch(self.kube, "events", WATCHES["events"], self._on_event, if_forbidden=(
+                "may not watch Events: trials waiting for their pods (quota, Pod Security) "
+                "cannot say why")),
+        ]
         loop = asyncio.get_running_loop()
-        for kind in WATCHES:
-            self._ready[kind] = asyncio.Event()
-            self._watches.append(loop.create_task(self._watch(kind), name=f"k8s-watch-{kind}"))
+        self._watches = [loop.create_task(w.run(), name=f"k8s-watch-{w.kind}") for w in watches]
+        error = ""
         try:
             await asyncio.wait_for(
-                asyncio.gather(*(e.wait() for e in self._ready.values())), START_TIMEOUT
+                asyncio.gather(*(w.ready.wait() for w in watches)), START_TIMEOUT
             )
         except asyncio.TimeoutError:
-            self._start_error = self._start_error or f"no answer in {START_TIMEOUT:g}s"
-        if self._start_error:
+            error = f"no answer in {START_TIMEOUT:g}s"
+        error = next((w.error for w in watches if w.error), error)
+        if error:
             await self.close()
             raise ClusterUnavailable(
-                f"cannot watch Jobs and pods in namespace {self.settings.namespace!r}: "
-                f"{self._start_error}"
+                f"cannot watch Jobs and pods in namespace {self.settings.namespace!r}: {error}"
             )
 
     async def close(self) -> None:
@@ -246,7 +255,7 @@ class KubernetesBackend(Backend):
             att.unschedulable.cancel()
         if kind == EventKind.SUCCEEDED or att.stop_reason is None:
             try:
-                await self._save_log(att)
+                await save_log(self._api(), att.job, att.pods, att.launch.log_path)
             except Exception as exc:  # the outcome matters more than the log
                 log.warning("reading the log of Job %s: %s", att.job, describe(exc))
         self._forget(att)
@@ -267,76 +276,22 @@ class KubernetesBackend(Backend):
         while held and self._within_caps(owner, held[0].resources):
             await self._create(held.popleft())
 
-    async def _save_log(self, att: _Attempt) -> None:
-        """The pods' output, once, into the trial's log file."""
-        kube = self._api()
-        pods = att.pods
-        if not pods:
-            listed = await kube.list("pods", f"batch.kubernetes.io/job-name={att.job}")
-            pods = {p["metadata"]["name"] for p in listed.get("items") or []}
-        path = att.launch.log_path
-        if not pods or not str(path) or path == Path():
-            return
-        chunks = []
-        for pod in sorted(pods):
-            text = await kube.pod_log(pod)
-            if text:
-                chunks.append(f"--- pod {pod} ---\n{text}" if len(pods) > 1 else text)
-        if chunks:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as fh:
-                fh.write("".join(c if c.endswith("\n") else c + "\n" for c in chunks))
-
     # --- watching ------------------------------------------------------------------------
 
-    async def _watch(self, kind: str) -> None:
-        """List, then watch from the list's resourceVersion; re-list after 410 Gone."""
-        kube = self._api()
-        handler = {"jobs": self._on_job, "pods": self._on_pod, "events": self._on_event}[kind]
-        labels, fields = WATCHES[kind]
-        while True:
-            try:
-                known = [a for a in self._attempts.values() if a.confirmed]
-                listed = await kube.list(kind, labels, fields)
-                version = listed["metadata"]["resourceVersion"]
-                for obj in listed.get("items") or []:
-                    await self._safely(handler, obj)
-                if kind == "jobs":
-                    await self._vanished(known, listed.get("items") or [])
-                self._ready[kind].set()
-                while True:
-                    async for etype, obj in kube.watch(kind, labels, version, fields):
-                        version = obj.get("metadata", {}).get("resourceVersion", version)
-                        await self._safely(handler, obj, etype == "DELETED")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # keep watching, whatever went wrong
-                if isinstance(exc, ApiException) and exc.status == 410:
-                    continue  # history compacted: list again
-                if not self._ready[kind].is_set():
-                    if kind == "events" and isinstance(exc, ApiException) and exc.status == 403:
-                        log.warning("may not watch Events: trials waiting for their pods "
-                                    "(quota, Pod Security) cannot say why: %s", describe(exc))
-                    else:
-                        self._start_error = describe(exc)
-                    self._ready[kind].set()
-                    return
-                log.warning("watch of %s failed, listing again: %s", kind, describe(exc))
-                await asyncio.sleep(RETRY_SECONDS)
+    def _known_jobs(self) -> Listed:
+        """As the Jobs are listed again (after the watch was down): what to call with the list
+        to finish the attempts whose Job existed before and is gone from it, deleted meanwhile
+        (by someone else, or by their TTL)."""
+        known = [a for a in self._attempts.values() if a.confirmed]
 
-    async def _vanished(self, known: list[_Attempt], jobs: list[dict[str, Any]]) -> None:
-        """After a re-list: Jobs that existed and are gone now were deleted while the watch
-        was down (by someone else, or by their TTL); their attempts end here."""
-        names = {j["metadata"]["name"] for j in jobs}
-        for att in known:
-            if att.job not in names and not att.done:
-                await self._finish(att, EventKind.FAILED, att.stop_reason or "its Job vanished")
+        async def vanished(jobs: list[dict[str, Any]]) -> None:
+            names = {j["metadata"]["name"] for j in jobs}
+            for att in known:
+                if att.job not in names and not att.done:
+                    await self._finish(att, EventKind.FAILED,
+                                       att.stop_reason or "its Job vanished")
 
-    async def _safely(self, handler: Any, obj: dict[str, Any], deleted: bool = False) -> None:
-        try:
-            await handler(obj, deleted)
-        except Exception:
-            log.exception("handling %s", obj.get("metadata", {}).get("name"))
+        return vanished
 
     async def _on_job(self, job: dict[str, Any], deleted: bool = False) -> None:
         att = self._attempts.get(job["metadata"]["name"])
@@ -358,16 +313,12 @@ class KubernetesBackend(Backend):
     async def _pod_reason(self, att: _Attempt) -> str | None:
         """The Job failed before the pod watch told us why: read its pods once."""
         try:
-            listed = await self._api().list("pods", f"batch.kubernetes.io/job-name={att.job}")
+            pods = await job_pods(self._api(), att.job)
         except Exception as exc:
             log.warning("listing the pods of Job %s: %s", att.job, describe(exc))
             return None
-        for pod in listed.get("items") or []:
-            att.pods.add(pod["metadata"]["name"])
-            reason = pod_failure(pod)
-            if reason:
-                return reason
-        return None
+        att.pods.update(pod["metadata"]["name"] for pod in pods)
+        return first_failure(pods)
 
     async def _on_event(self, event: dict[str, Any], deleted: bool = False) -> None:
         """The Job controller could not create an attempt's pod (the namespace's quota is
@@ -387,7 +338,7 @@ class KubernetesBackend(Backend):
 
     async def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
         labels = pod["metadata"].get("labels") or {}
-        job = labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+        job = labels.get(JOB_NAME_LABEL) or labels.get("job-name")
         att = self._attempts.get(job or "")
         if att is None or att.done:
             return
