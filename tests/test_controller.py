@@ -116,6 +116,7 @@ async def test_a_trial_is_asked_ahead_and_takes_the_first_free_slot(lab: Lab) ->
     engine = await lab.engine()
     task = engine.run_sweep(sweep_id)
     await lab.until(lambda: len(lab.held(sweep_id)) == 1)
+    await engine.controllers[sweep_id].asked_ahead()  # (the sampler runs in a worker thread)
     # One trial runs; the next was asked while it runs: a pending row, never launched.
     rows = lab.trials(sweep_id)
     assert {n: (r.state, r.attempts) for n, r in rows.items()} == {
