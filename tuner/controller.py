@@ -220,11 +220,15 @@ class SweepController:
             self._take_asked()
 
     def _ask(self) -> int:
-        """A new trial from the sampler, with its pending row; runs in a worker thread (the
-        study's lock keeps the loop's reports and tells out of it meanwhile)."""
+        """A new trial from the sampler, with its pending row and its directory (made while
+        it waits, not when its slot frees); runs in a worker thread (the study's lock keeps
+        the loop's reports and tells out of it meanwhile)."""
         asked = self.study.ask(self.spec.distributions())
-        return self.ledger.add_trial(self.sweep_id, asked.number, asked.trial_id, asked.params,
-                                     TrialPaths.new(self.dir, asked.number))
+        paths = TrialPaths.new(self.dir, asked.number)
+        trial_id = self.ledger.add_trial(self.sweep_id, asked.number, asked.trial_id,
+                                         asked.params, paths)
+        prepare_workdir(paths, self.code_dir)
+        return trial_id
 
     async def _launch(self, trial_id: int) -> None:
         token, token_hash = new_token()
