@@ -254,7 +254,14 @@ class Ledger:
             row.token_hash = token_hash
             row.started_at = utcnow()
             if row.attempts == 1:
-                _sweep(s, sweep_id).n_started += 1
+                # An increment in the statement: the sweep's row (its spec among it) is not
+                # read on every launch.
+                started = cast(CursorResult[Any], s.execute(
+                    update(SweepRow).where(SweepRow.id == sweep_id)
+                    .values(n_started=SweepRow.n_started + 1)
+                ))
+                if started.rowcount == 0:
+                    raise NotFound(f"sweep {sweep_id} not found")
             return AttemptStart(
                 trial_id=trial_id,
                 number=row.number,
