@@ -362,14 +362,20 @@ class SweepController:
     ) -> None:
         """The ledger's transaction and Optuna's tell, in a worker thread: the event loop goes
         on serving the other trials' reports and exits meanwhile (the next trial has already
-        started in the freed slot)."""
+        started in the freed slot). A shutdown waits for the thread: the controller lets go
+        of the sweep only after what it began is written and told."""
         def finish() -> Counts:
             return self.ledger.finish_trial(
                 self.sweep_id, rt.trial_id, state, value, reason,
                 has_model=rt.paths.has_model(), direction=self.spec.direction, teller=self.study,
             )
 
-        self.counts = await asyncio.to_thread(finish)
+        job = asyncio.ensure_future(asyncio.to_thread(finish))
+        try:
+            self.counts = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            await asyncio.wait({job})
+            raise
 
     # --- the end -------------------------------------------------------------------------
 
