@@ -15,12 +15,13 @@ from typing import Any
 import optuna
 import pytest
 from optuna.trial import TrialState as OptunaTrialState
+from sqlalchemy import select
 
 from tuner.backends._base import TrialLaunch
 from tuner.backends.instant import InstantBackend, Outcome
-from tuner.db import Database, Trial
+from tuner.db import Database, Trial, TrialReport
 from tuner.engine import Engine
-from tuner.errors import Conflict
+from tuner.errors import Conflict, NotFound
 from tuner.ledger import Ledger
 from tuner.mirror import StudyMirror
 from tuner.settings import load_settings
@@ -116,6 +117,7 @@ async def test_a_trial_is_asked_ahead_and_takes_the_first_free_slot(lab: Lab) ->
     engine = await lab.engine()
     task = engine.run_sweep(sweep_id)
     await lab.until(lambda: len(lab.held(sweep_id)) == 1)
+    await engine.controllers[sweep_id].asked_ahead()  # (the sampler runs in a worker thread)
     # One trial runs; the next was asked while it runs: a pending row, never launched.
     rows = lab.trials(sweep_id)
     assert {n: (r.state, r.attempts) for n, r in rows.items()} == {
@@ -313,6 +315,29 @@ async def test_the_ledger_refuses_an_illegal_change_before_writing(lab: Lab) -> 
     assert (after.state, after.attempts, after.value) == (TrialState.COMPLETED, 1, 0.5)
     with pytest.raises(Conflict, match="is completed; nothing to resume"):
         engine.run_sweep(sweep_id)
+
+
+async def test_a_report_at_a_step_already_reported_replaces_it(lab: Lab) -> None:
+    lab.backend.script = lambda launch, params: Outcome(steps=(0.1, 0.2), value=0.3)
+    sweep_id = lab.submit(trials=1, parallelism=1)
+    engine = await lab.engine()
+    assert await asyncio.wait_for(engine.run_sweep(sweep_id), GUARD_SECONDS) == (
+        SweepState.COMPLETED)
+    row = lab.trials(sweep_id)[0]
+
+    def reports() -> dict[int, float]:
+        with lab.db.session() as s:
+            return dict(s.execute(select(TrialReport.step, TrialReport.value)
+                                  .where(TrialReport.trial_id == row.id)).tuples().all())
+
+    assert reports() == {1: 0.1, 2: 0.2}
+    lab.ledger.record_report(row.id, 1, 0.15)
+    assert reports() == {1: 0.15, 2: 0.2}
+    after = lab.trials(sweep_id)[0]
+    assert (after.value, after.last_step) == (0.15, 1)
+    with pytest.raises(NotFound):
+        lab.ledger.record_report(row.id + 1000, 1, 0.5)
+    assert reports() == {1: 0.15, 2: 0.2}
 
 
 class _NoTeller:

@@ -10,6 +10,12 @@ whatever the sweep's size. One cost still grows with the sweep: the sampler's ow
 every earlier trial on each ask, in memory; see the README's known limits). Only a restart
 reads the whole sweep, once, to recover.
 
+The event loop is kept for what is on a running trial's path (its launch, its reports, its
+exit): the sampler's ask and a finished trial's ledger write and tell run in worker threads,
+the study's lock (:class:`~tuner.mirror.StudyMirror`) keeping them apart. With trials of a
+fraction of a second, each of these blocked the loop for 10-25 ms, and the other trials'
+reports and exits queued behind them.
+
 An :class:`~tuner.engine.Engine` hosts controllers and routes reports and events to them.
 """
 
@@ -61,6 +67,8 @@ class SweepController:
         self.running = RunningAttempts(engine, self)
         self.relaunch: deque[int] = deque()  # trial ids waiting for their next attempt
         self.ready: int | None = None  # a trial asked ahead, waiting for a free slot
+        # The ask ahead while it runs in a worker thread: its trial id once done.
+        self.asking: asyncio.Future[int] | None = None
         self.created = 0
         self.cancel_requested = False
         # Set when the sweep stops itself (too many failed trials): why, for the user.
@@ -107,6 +115,7 @@ class SweepController:
             await self._recover()
             while True:
                 if self.cancel_requested or self.stop_reason is not None:
+                    await self.asked_ahead()
                     await self._cancel_running()
                     break
                 await self._fill()
@@ -116,7 +125,12 @@ class SweepController:
                 if event is not None:
                     await self._handle(event)
         except asyncio.CancelledError:
-            # The engine is shutting down: leave the sweep claimable by the next controller.
+            # The engine is shutting down: leave the sweep claimable by the next controller,
+            # once an ask ahead has written its row (whoever ends the sweep next must see it).
+            try:
+                await self.asked_ahead()
+            except Exception:  # its trial, if created in Optuna, is recovered by the next one
+                log.exception("sweep %s: the ask ahead failed during shutdown", self.sweep_id)
             self.ledger.release(self.sweep_id)
             raise
         finally:
@@ -139,7 +153,7 @@ class SweepController:
 
     def _done(self) -> bool:
         return (not self.running and not self.relaunch and self.ready is None
-                and self.created >= self.spec.trials)
+                and self.asking is None and self.created >= self.spec.trials)
 
     async def _heartbeat(self) -> None:
         while True:
@@ -167,14 +181,17 @@ class SweepController:
     async def _start_ready(self) -> None:
         """Start the trial asked ahead in the slot that just freed, before the bookkeeping of
         the trial that freed it: the slot idles for a launch, not for a database round."""
+        self._take_asked()
         if self.ready is not None and self._slot_free():
             trial_id, self.ready = self.ready, None
             await self._launch(trial_id)
 
     async def _fill(self) -> None:
+        self._take_asked()
         while len(self.running) < self.spec.parallelism and not self.cancel_requested:
-            if not self.relaunch and self.ready is None and self.created >= self.spec.trials:
-                return
+            if not self.relaunch and self.ready is None and (
+                    self.asking is not None or self.created >= self.spec.trials):
+                return  # (a trial being asked takes the slot once ready: it wakes the loop)
             if not self.backend.can_launch(self.spec.resources):
                 return
             if self.relaunch:
@@ -182,21 +199,45 @@ class SweepController:
             elif self.ready is not None:
                 trial_id, self.ready = self.ready, None
             else:
-                trial_id = self._ask()
+                self.created += 1
+                trial_id = await asyncio.to_thread(self._ask)
             await self._launch(trial_id)
         # Every slot busy: ask for the next trial now, while they run, so the slot the next
         # finished trial frees starts at once instead of waiting for the sampler (the trial is
-        # a pending row: cancel cancels it, resume launches it).
+        # a pending row: cancel cancels it, resume launches it). The sampler and the inserts
+        # run in a worker thread: the event loop goes on serving the running trials' reports
+        # and exits meanwhile, and the finished ask wakes the loop.
         if (len(self.running) >= self.spec.parallelism and self.ready is None
-                and not self.relaunch and not self.cancel_requested
+                and self.asking is None and not self.relaunch and not self.cancel_requested
                 and self.created < self.spec.trials):
-            self.ready = self._ask()
+            self.created += 1
+            self.asking = asyncio.ensure_future(asyncio.to_thread(self._ask))
+            self.asking.add_done_callback(lambda _: self.events.put_nowait(None))
+
+    def _take_asked(self) -> None:
+        """The ask ahead, once its thread is done, becomes the ready trial (its error, if it
+        failed, is raised here)."""
+        if self.asking is not None and self.asking.done():
+            asking, self.asking = self.asking, None
+            self.ready = asking.result()
+
+    async def asked_ahead(self) -> None:
+        """Wait for an ask ahead still in its thread: its trial is a row the sweep's end (or
+        the next controller) must see, not one written after it."""
+        if self.asking is not None:
+            await asyncio.wait({self.asking})
+            self._take_asked()
 
     def _ask(self) -> int:
+        """A new trial from the sampler, with its pending row and its directory (made while
+        it waits, not when its slot frees); runs in a worker thread (the study's lock keeps
+        the loop's reports and tells out of it meanwhile)."""
         asked = self.study.ask(self.spec.distributions())
-        self.created += 1
-        return self.ledger.add_trial(self.sweep_id, asked.number, asked.trial_id, asked.params,
-                                     TrialPaths.new(self.dir, asked.number))
+        paths = TrialPaths.new(self.dir, asked.number)
+        trial_id = self.ledger.add_trial(self.sweep_id, asked.number, asked.trial_id,
+                                         asked.params, paths)
+        prepare_workdir(paths, self.code_dir)
+        return trial_id
 
     async def _launch(self, trial_id: int) -> None:
         token, token_hash = new_token()
@@ -269,12 +310,12 @@ class SweepController:
         await self._start_ready()
         state, value, reason = self._outcome(rt, event)
         if state != TrialState.FAILED or reason is None:  # (a failure always has a reason)
-            self._finish_trial(rt, state, value, reason)
+            await self._finish_trial(rt, state, value, reason)
         elif rt.attempt <= self.spec.max_retries and not self.cancel_requested:
             self.ledger.requeue([rt.trial_id], reason)  # retried: pending again
             self.relaunch.append(rt.trial_id)
         else:
-            self._finish_trial(rt, state, None, reason)
+            await self._finish_trial(rt, state, None, reason)
             self._check_failures(rt, reason)
 
     def _outcome(
@@ -325,13 +366,25 @@ class SweepController:
         rt.waiting = reason is not None
         self.ledger.set_reasons({rt.trial_id: reason})
 
-    def _finish_trial(
+    async def _finish_trial(
         self, rt: Running, state: TrialState, value: float | None, reason: str | None
     ) -> None:
-        self.counts = self.ledger.finish_trial(
-            self.sweep_id, rt.trial_id, state, value, reason,
-            has_model=rt.paths.has_model(), direction=self.spec.direction, teller=self.study,
-        )
+        """The ledger's transaction and Optuna's tell, in a worker thread: the event loop goes
+        on serving the other trials' reports and exits meanwhile (the next trial has already
+        started in the freed slot). A shutdown waits for the thread: the controller lets go
+        of the sweep only after what it began is written and told."""
+        def finish() -> Counts:
+            return self.ledger.finish_trial(
+                self.sweep_id, rt.trial_id, state, value, reason,
+                has_model=rt.paths.has_model(), direction=self.spec.direction, teller=self.study,
+            )
+
+        job = asyncio.ensure_future(asyncio.to_thread(finish))
+        try:
+            self.counts = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            await asyncio.wait({job})
+            raise
 
     # --- the end -------------------------------------------------------------------------
 
@@ -352,7 +405,7 @@ class SweepController:
             state, value, reason = self._outcome(ended, event)
             if state == TrialState.FAILED:
                 state, value, reason = TrialState.CANCELLED, None, why
-            self._finish_trial(ended, state, value, reason)
+            await self._finish_trial(ended, state, value, reason)
         self.relaunch.clear()
 
     def _decide(self, counts: Counts) -> tuple[SweepState, str | None]:
@@ -367,6 +420,7 @@ class SweepController:
         return SweepState.COMPLETED, None
 
     async def _finish(self) -> SweepState:
+        await self.asked_ahead()
         why = SWEEP_CANCELLED if self.stop_reason is None else SWEEP_STOPPED
         state = self.ledger.end_sweep(self.sweep_id, self._decide, why, lambda: self.study)
         if state == SweepState.COMPLETED and self.spec.promote is not None:

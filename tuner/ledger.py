@@ -19,10 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from optuna.trial import TrialState as OptunaTrialState
-from sqlalchemy import func, select
+from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from tuner import metrics
@@ -252,7 +254,14 @@ class Ledger:
             row.token_hash = token_hash
             row.started_at = utcnow()
             if row.attempts == 1:
-                _sweep(s, sweep_id).n_started += 1
+                # An increment in the statement: the sweep's row (its spec among it) is not
+                # read on every launch.
+                started = cast(CursorResult[Any], s.execute(
+                    update(SweepRow).where(SweepRow.id == sweep_id)
+                    .values(n_started=SweepRow.n_started + 1)
+                ))
+                if started.rowcount == 0:
+                    raise NotFound(f"sweep {sweep_id} not found")
             return AttemptStart(
                 trial_id=trial_id,
                 number=row.number,
@@ -264,19 +273,22 @@ class Ledger:
             )
 
     def record_report(self, trial_id: int, step: int, value: float) -> None:
-        """An intermediate value (a report at a step already reported replaces it)."""
+        """An intermediate value (a report at a step already reported replaces it): the
+        trial's row and the report's, two statements by key in one transaction, nothing read
+        back (a report arrives on the controller's event loop, once per epoch of every
+        running trial)."""
         with self.db.session() as s:
-            existing = s.scalar(
-                select(TrialReport).where(
-                    TrialReport.trial_id == trial_id, TrialReport.step == step
-                )
-            )
-            if existing is None:
-                s.add(TrialReport(trial_id=trial_id, step=step, value=value))
-            else:
-                existing.value = value
-            row = _trial(s, trial_id)
-            row.value, row.last_step = value, step
+            updated = cast(CursorResult[Any], s.execute(
+                update(Trial).where(Trial.id == trial_id).values(value=value, last_step=step)
+            ))
+            if updated.rowcount == 0:
+                raise NotFound(f"trial {trial_id} not found")
+            report = upsert(s, TrialReport).values(trial_id=trial_id, step=step, value=value,
+                                                   created_at=utcnow())
+            s.execute(report.on_conflict_do_update(
+                index_elements=[TrialReport.trial_id, TrialReport.step],
+                set_={"value": report.excluded.value},
+            ))
 
     def set_reasons(self, reasons: dict[int, str | None]) -> None:
         """Say why each trial (by id) is where it is (waiting for a quota, restarted), or
@@ -356,6 +368,14 @@ class Ledger:
             sweep.n_pruned = counts.get(TrialState.PRUNED, 0)
             sweep.n_failed = counts.get(TrialState.FAILED, 0)
             return Counts(sweep.n_completed, sweep.n_pruned, sweep.n_failed)
+
+
+def upsert(s: Session, table: type[TrialReport]) -> Any:
+    """``INSERT`` with ``ON CONFLICT`` for the session's database (SQLite and PostgreSQL
+    both have it, with the same SQLAlchemy API)."""
+    if s.get_bind().dialect.name == "postgresql":
+        return postgresql_insert(table)
+    return sqlite_insert(table)
 
 
 def _sweep(s: Session, sweep_id: int, lock: bool = False) -> SweepRow:

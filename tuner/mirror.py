@@ -14,6 +14,11 @@ proposes it there) and then in the database with the same number, params, distri
 attributes. If the numbers ever disagree (something else wrote to the study), the mirror is
 rebuilt from the database rather than trusted.
 
+The controller asks in a worker thread (sampling and the database insert overlap the running
+trials without holding up its event loop) while reports and tells arrive on the loop: every
+call that reads or changes the study holds :attr:`StudyMirror.lock`, so the sampler never sees
+a study changing under it.
+
 Optuna is used through ``Study.ask``/``tell``/``add_trials``, and for what ``Study`` does not
 offer (the trial id a new trial gets, a parameter completed after a crash) through trial handles
 and the storages' ``BaseStorage`` methods: the seams :mod:`tuner.optuna_adapter` lists and its
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,16 +84,18 @@ class MirroredTrial:
         return self._memory
 
     def report(self, value: float, step: int) -> None:
-        memory = self._trial()
-        memory.report(value, step)
-        if step in self._steps:
-            return  # Optuna keeps the first value of a step, in both studies
-        self._steps.add(step)
-        self.mirror.write(self.mirror.storage.set_trial_intermediate_value,
-                          self.trial_id, step, float(value))
+        with self.mirror.lock:
+            memory = self._trial()
+            memory.report(value, step)
+            if step in self._steps:
+                return  # Optuna keeps the first value of a step, in both studies
+            self._steps.add(step)
+            self.mirror.write(self.mirror.storage.set_trial_intermediate_value,
+                              self.trial_id, step, float(value))
 
     def should_prune(self) -> bool:
-        return self._trial().should_prune()
+        with self.mirror.lock:
+            return self._trial().should_prune()
 
 
 class StudyMirror:
@@ -97,6 +105,8 @@ class StudyMirror:
         self, spec: SweepSpec, study_name: str, url: str, sampler: BaseSampler | None = None
     ) -> None:
         """``sampler``: the spec's unless given (a test's recording sampler)."""
+        # Held by every call that reads or changes the study (see the module docstring).
+        self.lock = threading.RLock()
         self._storage: BaseStorage = storage_for(url)
         # The database study only records: its sampler is never asked for a suggestion
         # (``tell`` calls ``after_trial`` on it, which must cost nothing).
@@ -123,24 +133,25 @@ class StudyMirror:
 
     def rebuild(self) -> None:
         """Read the database study once and make the memory study equal to it."""
-        trials = self._storage.get_all_trials(self._db_study_id, deepcopy=False)
-        self._db_ids = {}
-        self._memory_storage = InMemoryStorage()
-        self.memory = optuna.create_study(
-            storage=self._memory_storage,
-            sampler=self.sampler,
-            pruner=self.pruner,
-            directions=self.db.directions,
-        )
-        self._memory_study_id = self._memory_storage.get_study_id_from_name(
-            self.memory.study_name
-        )
-        self.memory.add_trials(trials)
-        if isinstance(self.sampler, BoundedTPE):
-            self.sampler.load(self._memory_storage, trials, self.memory.direction)
-        if self._pruner_view is not None:
-            self._pruner_view.load(self._memory_storage, trials)
-        log.debug("study %s mirrored: %d trials", self.db.study_name, len(trials))
+        with self.lock:
+            trials = self._storage.get_all_trials(self._db_study_id, deepcopy=False)
+            self._db_ids = {}
+            self._memory_storage = InMemoryStorage()
+            self.memory = optuna.create_study(
+                storage=self._memory_storage,
+                sampler=self.sampler,
+                pruner=self.pruner,
+                directions=self.db.directions,
+            )
+            self._memory_study_id = self._memory_storage.get_study_id_from_name(
+                self.memory.study_name
+            )
+            self.memory.add_trials(trials)
+            if isinstance(self.sampler, BoundedTPE):
+                self.sampler.load(self._memory_storage, trials, self.memory.direction)
+            if self._pruner_view is not None:
+                self._pruner_view.load(self._memory_storage, trials)
+            log.debug("study %s mirrored: %d trials", self.db.study_name, len(trials))
 
     # --- the controller's calls ----------------------------------------------------------
 
@@ -148,24 +159,25 @@ class StudyMirror:
         """The sampler proposes on the memory study; the trial is then written to the database
         in one insert, with every parameter (so a crash leaves either no trial or a whole
         one)."""
-        trial = self.memory.ask(distributions)
-        if self._pruner_view is not None:
-            self._pruner_view.started(trial.number)
-        frozen = self._memory_storage.get_trial(self.memory_trial_id(trial.number))
-        trial_id = self._storage.create_new_trial(self._db_study_id, template_trial=frozen)
-        number = trial.number
-        # One indexed read says whether the database numbered it the same (else another
-        # writer added trials: rebuild).
-        if self._storage.get_trial_id_from_study_id_trial_number(
-                self._db_study_id, number) != trial_id:
-            number = self._storage.get_trial(trial_id).number
-            log.warning(
-                "study %s: trial %d in memory is %d in the database (another writer?); "
-                "rebuilding the mirror", self.db.study_name, trial.number, number,
-            )
-            self.rebuild()
-        self._db_ids[number] = trial_id
-        return Asked(number, trial_id, dict(trial.params))
+        with self.lock:
+            trial = self.memory.ask(distributions)
+            if self._pruner_view is not None:
+                self._pruner_view.started(trial.number)
+            frozen = self._memory_storage.get_trial(self.memory_trial_id(trial.number))
+            trial_id = self._storage.create_new_trial(self._db_study_id, template_trial=frozen)
+            number = trial.number
+            # One indexed read says whether the database numbered it the same (else another
+            # writer added trials: rebuild).
+            if self._storage.get_trial_id_from_study_id_trial_number(
+                    self._db_study_id, number) != trial_id:
+                number = self._storage.get_trial(trial_id).number
+                log.warning(
+                    "study %s: trial %d in memory is %d in the database (another writer?); "
+                    "rebuilding the mirror", self.db.study_name, trial.number, number,
+                )
+                self.rebuild()
+            self._db_ids[number] = trial_id
+            return Asked(number, trial_id, dict(trial.params))
 
     def trial(self, number: int, trial_id: int) -> MirroredTrial:
         """The running trial ``number`` (database id ``trial_id``), for its reports."""
@@ -183,21 +195,22 @@ class StudyMirror:
         written to the database trial in one update by its id
         (``BaseStorage.set_trial_state_values``): no reading the trial back twice, as
         ``Study.tell`` on the database study would."""
-        before = self.memory_frozen(trial)
-        if before.state.is_finished() and skip_if_finished:
-            return copy.deepcopy(before)
-        told = self.memory.tell(trial, values, state=state, skip_if_finished=skip_if_finished)
-        if self._pruner_view is not None:
-            self._pruner_view.finished(trial)
-        try:
-            self.write(self.storage.set_trial_state_values,
-                       self.db_trial_id(trial), told.state, told.values)
-        except UpdateFinishedTrialError:
-            if not skip_if_finished:
-                raise
-            # Finished in the database behind our back (another writer): take its copy.
-            return self.get_trials(deepcopy=True)[trial]
-        return told
+        with self.lock:
+            before = self.memory_frozen(trial)
+            if before.state.is_finished() and skip_if_finished:
+                return copy.deepcopy(before)
+            told = self.memory.tell(trial, values, state=state, skip_if_finished=skip_if_finished)
+            if self._pruner_view is not None:
+                self._pruner_view.finished(trial)
+            try:
+                self.write(self.storage.set_trial_state_values,
+                           self.db_trial_id(trial), told.state, told.values)
+            except UpdateFinishedTrialError:
+                if not skip_if_finished:
+                    raise
+                # Finished in the database behind our back (another writer): take its copy.
+                return self.get_trials(deepcopy=True)[trial]
+            return told
 
     def write(self, method: Callable[..., Any], *args: Any) -> Any:
         """A write to the database study after the memory one: if it fails, the memory study
@@ -212,7 +225,8 @@ class StudyMirror:
         self, deepcopy: bool = True, states: tuple[TrialState, ...] | None = None
     ) -> list[FrozenTrial]:
         """The trials, from memory (equal to the database's)."""
-        return self.memory.get_trials(deepcopy=deepcopy, states=states)
+        with self.lock:
+            return self.memory.get_trials(deepcopy=deepcopy, states=states)
 
     @property
     def storage(self) -> BaseStorage:
@@ -247,14 +261,15 @@ class StudyMirror:
         """The parameters of a trial created without all of them (a controller of an earlier
         version died inside ``ask``): the sampler suggests the missing ones on the memory
         study, and each is written to the database trial too."""
-        before = dict(self.get_trials(deepcopy=False)[number].params)
-        params = complete_params(self.memory, self.memory_trial_id(number), distributions)
-        db_id = self.db_trial_id(number)
-        for name, value in params.items():
-            if name not in before:
-                dist = distributions[name]
-                self._storage.set_trial_param(db_id, name, dist.to_internal_repr(value), dist)
-        return params
+        with self.lock:
+            before = dict(self.get_trials(deepcopy=False)[number].params)
+            params = complete_params(self.memory, self.memory_trial_id(number), distributions)
+            db_id = self.db_trial_id(number)
+            for name, value in params.items():
+                if name not in before:
+                    dist = distributions[name]
+                    self._storage.set_trial_param(db_id, name, dist.to_internal_repr(value), dist)
+            return params
 
 
 def bounded(sampler: BaseSampler, seed: int | None) -> BaseSampler:

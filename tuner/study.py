@@ -22,7 +22,7 @@ from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.storages import RDBStorage
 
-from tuner.db.engine import engine_kwargs
+from tuner.db.engine import engine_kwargs, tune_sqlite
 from tuner.optuna_adapter import GridSampler, trial_for
 from tuner.pruning import EnoughTrialsPruner, default_min_trials
 from tuner.spec import OUR_PRUNER_OPTIONS, SpecError, SweepSpec
@@ -106,8 +106,11 @@ def our_state(state: optuna.trial.TrialState) -> TrialState:
 
 @functools.lru_cache(maxsize=8)
 def storage_for(url: str) -> RDBStorage:
-    """One RDBStorage per database URL per process (it owns a connection pool)."""
-    return RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    """One RDBStorage per database URL per process (it owns a connection pool), with our
+    SQLite settings on its connections."""
+    storage = RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    tune_sqlite(storage.engine)
+    return storage
 
 
 #: The study's user attributes that say whose sweep it is and which: optuna-dashboard opened on

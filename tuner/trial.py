@@ -10,6 +10,10 @@ Only the standard library is imported here so a trial starts fast.
 
 from __future__ import annotations
 
+# The report's connect encodes the API's host name with the idna codec, which imports three
+# modules (unicodedata among them) on first use: imported here, a warm-started trial finds them
+# in its zygote instead of loading them inside its report (5 ms of every trial's life).
+import encodings.idna  # noqa: F401
 import json
 import os
 import sys
