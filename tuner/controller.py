@@ -6,9 +6,9 @@ one module each (rows and states: :mod:`tuner.ledger`; recovery: :mod:`tuner.rec
 
 What it keeps is in memory (the running attempts, the counters, the study's mirror): it reacts
 to backend events and never polls trials, and each event costs a database transaction or two
-whatever the sweep's size. One cost still grows with the sweep: the sampler's own (TPE weighs
-every earlier trial on each ask, in memory; see the README's known limits). Only a restart
-reads the whole sweep, once, to recover.
+whatever the sweep's size. The sampler and the pruner see a bounded view of the study once
+it is large (:mod:`tuner.sampling_view`), so their cost stops growing with it too. Only a
+restart reads the whole sweep, once, to recover.
 
 The event loop is kept for what is on a running trial's path (its launch, its reports, its
 exit): the sampler's ask and a finished trial's ledger write and tell run in worker threads,
