@@ -246,8 +246,10 @@ def test_deleting_an_account_stops_its_servers_and_trials_and_keeps_its_files(
     carol = UnixUsers.from_env(platform.home, platform.env).lookup("carol")
     assert carol is not None
     api = "services/tuner/api/v1"
-    wait_for(lambda: admin.call("GET", f"{api}/sweeps/{sweep_id}/trials", 200)[0]["state"]
-             == "running", timeout=120, what="carol's trial to run")
+    # The controller asks for the trial once its study is loaded (in a thread): the list may
+    # still be empty on the first look.
+    wait_for(lambda: [t["state"] for t in admin.call("GET", f"{api}/sweeps/{sweep_id}/trials", 200)
+                      ][:1] == ["running"], timeout=120, what="carol's trial to run")
     wait_for(lambda: _processes_of(carol.uid) >= 2, timeout=60,
              what="carol's server and trial processes")
 

@@ -167,9 +167,12 @@ def record_sweep_id(study_name: str, url: str, sweep_id: int) -> bool:
             sampler=optuna.samplers.RandomSampler(),
         )
         study.set_user_attr(SWEEP_ID_ATTR, sweep_id)
-    except Exception:
-        log.warning("sweep %s: could not record its id on study %r", sweep_id, study_name,
-                    exc_info=True)
+    except Exception as exc:
+        cause: BaseException = exc  # Optuna's StorageInternalError hides the database's reason
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        log.warning("sweep %s: could not record its id on study %r: %s", sweep_id, study_name,
+                    str(cause).strip(), exc_info=True)
         return False
     return True
 
