@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
 import signal
-import stat
 import sys
 from pathlib import Path
 
@@ -31,6 +29,14 @@ from tuner.backends._base import (
     inherited_environment,
 )
 from tuner.backends.gpus import GpuPool, discover_gpus
+from tuner.backends.local_processes import (
+    Attempt,
+    collect_worker_logs,
+    command_argv,
+    describe_exit,
+    killpg,
+    write_pid,
+)
 from tuner.backends.multiworker import SIBLING_GRACE_SECONDS, free_ports, tf_config, worker_log
 from tuner.backends.parent_death import die_with_parent as _die_with_parent
 from tuner.backends.warm import preload_for, warm_argv
@@ -40,68 +46,8 @@ from tuner.states import CANCELLED_REASON, EventKind
 from tuner.trial import ENV_ARTIFACT_DIR
 from tuner.workdirs import HEADER
 
-_SHELL_CHARS = set(";&|<>$`(){}*?~\n")
 KILL_GRACE_SECONDS = 5.0
 PRELOAD_CACHE = 64  # sweeps × commands whose preload list is remembered
-
-
-def command_argv(command: str) -> list[str]:
-    """Run simple commands directly (so PDEATHSIG reaches the real process); anything with
-    shell syntax goes through ``sh -c``."""
-    if any(ch in _SHELL_CHARS for ch in command):
-        return ["/bin/sh", "-c", command]
-    return shlex.split(command)
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
-    return f"exited with code {code}"
-
-
-def _write_pid(path: Path, pids: list[int]) -> None:
-    """Root's pid file in a directory the trial's owner may write to: whatever they put at
-    that name is replaced, and a link is never followed (it is only a hint for reconcile)."""
-    try:
-        st = os.lstat(path)
-        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
-    except OSError:
-        return
-    with open(fd, "w") as fh:
-        fh.write("\n".join(str(pid) for pid in pids))  # one per worker, the chief first
-
-
-class _Attempt:
-    """The processes of one attempt: one per worker, worker 0 (the chief) first."""
-
-    def __init__(
-        self, launch: TrialLaunch, procs: list[tuple[int, asyncio.Future[int]]], gpus: list[str],
-        owner: unix_users.UnixUser | None = None,
-    ) -> None:
-        self.launch = launch
-        self.procs = procs  # (pid = process group, future of the exit code: <0 for a signal)
-        self.gpus = gpus
-        self.owner = owner
-        self.stop_reason: str | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.procs[0][0]
-
-    @property
-    def done(self) -> asyncio.Future[int]:
-        return self.procs[0][1]
 
 
 class LocalBackend(Backend):
@@ -132,7 +78,7 @@ class LocalBackend(Backend):
             from tuner.settings import load_settings
 
             self.unix = unix_users.UnixUsers.from_env(load_settings().home)
-        self._attempts: dict[tuple[int, int], _Attempt] = {}
+        self._attempts: dict[tuple[int, int], Attempt] = {}
         # (sweep, warm argv, spec's preload) -> modules its zygote preloads
         self._preloads: dict[tuple[int, tuple[str, ...], object], tuple[str, ...]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -224,7 +170,7 @@ class LocalBackend(Backend):
                     procs.append(await self._start_cold(launch, argv, wenv, log, owner))
         except OSError as exc:
             for pid, _ in procs:
-                _killpg(pid, signal.SIGKILL)
+                killpg(pid, signal.SIGKILL)
             self.gpus.release(gpus)
             await self.emit(
                 TrialEvent(
@@ -233,8 +179,8 @@ class LocalBackend(Backend):
                 )
             )
             return
-        _write_pid(launch.workdir / f"attempt-{launch.attempt}.pid", [pid for pid, _ in procs])
-        attempt = _Attempt(launch, procs, gpus, owner)
+        write_pid(launch.workdir / f"attempt-{launch.attempt}.pid", [pid for pid, _ in procs])
+        attempt = Attempt(launch, procs, gpus, owner)
         self._attempts[launch.key] = attempt
         await self.emit(
             TrialEvent(launch.trial_id, launch.attempt, EventKind.STARTED, reason=start))
@@ -319,7 +265,7 @@ class LocalBackend(Backend):
         key = f"{launch.trial_id}-{launch.attempt}-{index}"
         return await zygote.spawn(key, argv, launch.workdir, env, log_path)
 
-    async def _wait(self, attempt: _Attempt) -> None:
+    async def _wait(self, attempt: Attempt) -> None:
         launch = attempt.launch
         try:
             code, reason = await asyncio.wait_for(
@@ -336,7 +282,7 @@ class LocalBackend(Backend):
                 attempt.stop_reason = attempt.stop_reason or f"artifacts not sealed: {exc}"
         self.gpus.release(attempt.gpus)
         self._attempts.pop(launch.key, None)
-        _collect_worker_logs(attempt)
+        collect_worker_logs(attempt)
         if code == 0 and reason is None and attempt.stop_reason is None:
             await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.SUCCEEDED, 0))
         else:
@@ -344,7 +290,7 @@ class LocalBackend(Backend):
             await self.emit(
                 TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED, code, reason))
 
-    async def _outcome(self, attempt: _Attempt) -> tuple[int, str | None]:
+    async def _outcome(self, attempt: Attempt) -> tuple[int, str | None]:
         """The chief's exit code, and why the attempt failed although the chief did not.
 
         A worker that fails fails the attempt and the others are stopped (what the Indexed
@@ -375,14 +321,14 @@ class LocalBackend(Backend):
                     return code, f"worker {index} {describe_exit(code)}; the others were stopped"
         return 0, None
 
-    async def _kill(self, attempt: _Attempt) -> None:
+    async def _kill(self, attempt: Attempt) -> None:
         """SIGTERM the attempt's process groups, SIGKILL after a grace period."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             alive = [(pid, fut) for pid, fut in attempt.procs if not fut.done()]
             if not alive:
                 return
             for pid, _ in alive:
-                _killpg(pid, sig)
+                killpg(pid, sig)
             try:
                 await asyncio.wait_for(
                     asyncio.gather(*(asyncio.shield(f) for _, f in alive)), KILL_GRACE_SECONDS)
@@ -425,31 +371,3 @@ class LocalBackend(Backend):
             await zygote.close()
         self._zygotes.clear()
 
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        try:  # a warm trial just forked, not yet the leader of its own group
-            os.kill(pgid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _collect_worker_logs(attempt: _Attempt) -> None:
-    """The other workers' output, appended to the trial log under a header each (the same
-    shape as the Kubernetes backend's per-pod logs). The directory may belong to the trial's
-    owner: links are never followed, for reading or writing."""
-    launch = attempt.launch
-    for index in range(1, len(attempt.procs)):
-        path = worker_log(launch.workdir, launch.attempt, index)
-        try:
-            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), errors="replace") as fh:
-                text = fh.read()
-            out = os.open(launch.log_path,
-                          os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-            with open(out, "a") as fh:
-                fh.write(f"--- worker {index} ---\n{text}" + ("" if text.endswith("\n") else "\n"))
-            path.unlink()
-        except OSError:
-            continue
