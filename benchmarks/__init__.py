@@ -15,6 +15,7 @@ def all_benchmarks() -> list[Benchmark]:
     from benchmarks.hub import HubBenchmark
     from benchmarks.kubernetes import KubernetesBenchmark
     from benchmarks.overhead import OverheadBenchmark
+    from benchmarks.resume import ResumeBenchmark
     from benchmarks.scale import ScaleBenchmark
     from benchmarks.start_latency import StartLatencyBenchmark
     from benchmarks.tpe_view import TpeViewBenchmark
@@ -22,6 +23,7 @@ def all_benchmarks() -> list[Benchmark]:
     return [
         OverheadBenchmark(),
         ScaleBenchmark(),
+        ResumeBenchmark(),
         TpeViewBenchmark(),
         DigitsBenchmark(),
         StartLatencyBenchmark(),

@@ -67,6 +67,8 @@ SIZE_KEYS = {
     "scale": "scale_trials (10000), scale_peer_trials (= trials), "
              "scale_databases (2: SQLite and PostgreSQL; 1: SQLite), "
              "scale_steps (3 reports per trial with ASHA; 0: final values only, no pruner)",
+    "resume": "resume_trials (10000), resume_kill_at (= trials / 2), "
+              "resume_databases (2: SQLite and PostgreSQL; 1: SQLite)",
     "tpe_view": "view_trials (2000), view_seeds (5)",
     "digits": "digits_trials (20 per sweep), digits_seeds (3), digits_epochs (12), "
               "digits_target_permille (970)",

@@ -139,6 +139,18 @@ def pg_schema(prefix: str = "bench") -> Iterator[str]:
         admin.dispose()
 
 
+@contextlib.contextmanager
+def database_url(db_name: str, directory: Path, prefix: str) -> Iterator[str]:
+    """A fresh database of the kind named ("sqlite": a file in ``directory``; "postgresql":
+    a schema of its own, dropped afterwards)."""
+    if db_name == "sqlite":
+        directory.mkdir(parents=True, exist_ok=True)
+        yield sqlite_url(directory)
+    else:
+        with pg_schema(prefix) as url:
+            yield url
+
+
 def run_peer(
     module: str, args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 3600
 ) -> dict[str, Any]:

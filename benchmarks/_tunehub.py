@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,12 +52,22 @@ async def run_sweep(
     if isinstance(backend, str):
         async with LocalRuntime(settings, db, [backend]) as engine:
             return await _submit_and_run(engine, settings, db, spec, engine.backends[backend])
+    async with in_process_engine(settings, db, backend) as engine:
+        return await _submit_and_run(engine, settings, db, spec, backend)
+
+
+@contextlib.asynccontextmanager
+async def in_process_engine(
+    settings: Settings, db: Database, backend: Backend
+) -> AsyncIterator[Engine]:
+    """An engine on a backend whose trials report in-process (no report API is served: its
+    URL is a closed port, never called)."""
     engine = Engine(db, settings, {backend.name: backend}, "http://127.0.0.1:9/")
     if hasattr(backend, "bind"):
         backend.bind(engine)
     await engine.start()
     try:
-        return await _submit_and_run(engine, settings, db, spec, backend)
+        yield engine
     finally:
         await engine.close()
 

@@ -56,7 +56,7 @@ def render(store: dict[str, Any], benchmarks: list[Benchmark]) -> str:
             verdict = {True: "met", False: "**not met**", None: "–"}[met]
             rows.append(f"| {bench.title} | {target} | {measured} | {verdict} |")
     if rows:
-        parts.append("## Summary against the targets of issue 6\n")
+        parts.append("## Summary against the targets (issues 6 and 15)\n")
         parts.append("| benchmark | target | measured | |")
         parts.append("|---|---|---|---|")
         parts.extend(rows)

@@ -40,3 +40,22 @@ def test_bad_size_option_is_one_line_error(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "--set expects KEY=N" in proc.stderr
     assert not (tmp_path / "results.json").exists()
+
+
+def test_quick_resume_after_sigkill_counts_exactly(tmp_path: Path) -> None:
+    """The resume benchmark's promise at smoke-test size: its sweep process really gets
+    SIGKILL mid-sweep and a new process finishes it with exactly ``trials`` trials."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "resume", "--out", str(tmp_path),
+         "--set", "resume_trials=100", "--set", "resume_kill_at=30",
+         "--set", "resume_databases=1"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    entry = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["resume"]
+    assert "error" not in entry, entry.get("error")
+    sqlite = entry["result"]["databases"]["sqlite"]
+    killed = sqlite["at_kill"]
+    assert 30 <= killed["rows"] < 100 and killed["sweep_state"] == "running"
+    assert sqlite["after"]["rows"] == sqlite["after"]["distinct_numbers"] == 100
+    assert sqlite["completed_results_lost"] == 0 and sqlite["exact"] is True

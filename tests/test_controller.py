@@ -340,6 +340,23 @@ async def test_a_report_at_a_step_already_reported_replaces_it(lab: Lab) -> None
     assert reports() == {1: 0.15, 2: 0.2}
 
 
+async def test_a_rerun_attempt_repeats_its_steps_without_a_warning(
+    lab: Lab, recwarn: pytest.WarningsRecorder,
+) -> None:
+    lab.backend.script = lambda launch, params: (
+        Outcome(steps=(0.1,), fail="boom") if launch.attempt == 1
+        else Outcome(steps=(0.4, 0.45), value=0.5))
+    sweep_id = lab.submit(trials=1, parallelism=1, max_retries=1)
+    engine = await lab.engine()
+    assert await asyncio.wait_for(engine.run_sweep(sweep_id), GUARD_SECONDS) == (
+        SweepState.COMPLETED)
+    row = lab.trials(sweep_id)[0]
+    assert (row.state, row.attempts, row.value) == (TrialState.COMPLETED, 2, 0.5)
+    # Optuna keeps a step's first value; the second attempt's new step is recorded.
+    assert lab.optuna(sweep_id)[0].intermediate_values == {1: 0.1, 2: 0.45}
+    assert not [w for w in recwarn if "already reported" in str(w.message)]
+
+
 class _NoTeller:
     def tell(self, trial: int, values: float | None = None,
              state: OptunaTrialState | None = None, skip_if_finished: bool = False) -> None:

@@ -86,9 +86,12 @@ class MirroredTrial:
     def report(self, value: float, step: int) -> None:
         with self.mirror.lock:
             memory = self._trial()
-            memory.report(value, step)
             if step in self._steps:
-                return  # Optuna keeps the first value of a step, in both studies
+                # Optuna keeps the first value of a step, in both studies. A rerun attempt
+                # (a retry, or a rerun after its controller died) repeats its steps: drop
+                # them here, before Optuna's warning for each lands in the controller's log.
+                return
+            memory.report(value, step)
             self._steps.add(step)
             self.mirror.write(self.mirror.storage.set_trial_intermediate_value,
                               self.trial_id, step, float(value))
