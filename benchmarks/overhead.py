@@ -151,7 +151,8 @@ class OverheadBenchmark(Benchmark):
             "recommends for short trials; the fair comparison) on the full workload, and with "
             "its defaults (a new worker process per trial) on fewer trials, compared per "
             "trial in the last column. Plain Optuna: `study.optimize(n_jobs=4)` "
-            "(threads in one process) on SQLite.",
+            "(threads in one process) on SQLite, opened as tunehub opens it (WAL, "
+            "`synchronous=NORMAL`).",
             "",
             "| tool | trials | completed | wall | ideal | overhead vs ideal | "
             "per-trial wall / tunehub's |",

@@ -283,7 +283,8 @@ class ScaleBenchmark(Benchmark):
                 else ""
             )
             + "Peer: plain Optuna's ask/tell loop with the same sampler config and "
-            "the same kind of storage, 4 trials in flight (final values only).",
+            "the same kind of storage opened the same way (SQLite: WAL, `synchronous=NORMAL`), 4 "
+            "trials in flight (final values only).",
             "",
             f'"Early" = trials 51–150, "late" = the last 100 trials (of {n:,} for '
             f"tunehub, of {result.get('peer_trials', n):,} for plain Optuna).",

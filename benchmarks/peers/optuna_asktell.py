@@ -14,12 +14,10 @@ import time
 from collections import deque
 
 import optuna
-from optuna.storages import RDBStorage
 
 from tuner.backends.instant import quadratic
-from tuner.db.engine import engine_kwargs
 from tuner.spec import SweepSpec
-from tuner.study import make_pruner, make_sampler
+from tuner.study import make_pruner, make_sampler, storage_for
 
 
 def main() -> None:
@@ -46,7 +44,9 @@ def main() -> None:
             },
         }
     )
-    storage = RDBStorage(args.storage, engine_kwargs=engine_kwargs(args.storage))
+    # The storage exactly as tunehub opens it (SQLite: WAL, synchronous=NORMAL), so the
+    # comparison is of the loop, not of fsyncs.
+    storage = storage_for(args.storage)
     study = optuna.create_study(
         storage=storage, sampler=make_sampler(spec), pruner=make_pruner(spec),
         direction="maximize",
