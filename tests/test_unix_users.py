@@ -191,7 +191,8 @@ def test_people_are_separated_by_the_os_and_their_sweeps_still_work(
         import json, tuner
         def objective(p):
             import os
-            return os.getuid() + p["x"]
+            import jinja2  # preloaded: the tuner reads bob's pickle as bob's file
+            return os.getuid() + p["x"] + 0 * len(jinja2.__name__)
         sweep = tuner.Sweep.submit(function=objective, name="as-bob", metric="uid", trials=2,
                                    space={"x": {"type": "float", "low": 0, "high": 0.5}})
         print(json.dumps(sweep.id))
@@ -209,6 +210,8 @@ def test_people_are_separated_by_the_os_and_their_sweeps_still_work(
     assert f"running as uid {facts['alice']['uid']}" in log, log
     assert "cookie secret: refused" in log and "in my environment: False" in log, log
     assert "trial.log: kept" in log, log
+    bob_log = people["bob"].client.get(f"{api}/sweeps/{bob_sweep}/trials/0/logs").text
+    assert "warm start" in bob_log and "jinja2" in bob_log.split("\n", 2)[1], bob_log
     versions = people["alice"].call("GET", f"{api}/models/alice-model", 200)
     assert [v["stage"] for v in versions] == ["production"], versions
     registered = Path(versions[0]["path"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickletools
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import yaml
 from tests.conftest import Home
 from tests.sweeps_helpers import parse_json, record_dir, write_sweep
 from tuner.backends.pickled_imports import pickled_imports
+from tuner.backends.warm import preload_for
 from tuner.run_function import COMMAND, FUNCTION_FILE
 
 PROBE = """
@@ -137,3 +139,25 @@ def test_a_function_sweep_preloads_the_modules_its_function_uses(
     log = sqlite_home.cli("sweep", "logs", str(out["id"]), "0", check=True).stdout
     assert runs == [{"numpy": True, "jinja2": True}] * 2, (runs, log)
     assert "warm start (forked from a process that imported tuner, jinja2, numpy)" in log, log
+
+
+def test_preload_reads_only_the_snapshot_owners_files(tmp_path: Path) -> None:
+    """As root, the tuner reads a person's snapshot to choose what to preload. A file there
+    that ends (through links the person may plant) at someone else's file is not read: the
+    module names in it would reach the warm process their trial forks from."""
+    code = tmp_path / "code"
+    _notebook_function(code)
+    elsewhere = tmp_path / "someone_elses.py"
+    elsewhere.write_text("import tensorflow\nimport model\n")
+    (code / "model.py").write_text("import keras\n")
+    (code / "train.py").symlink_to(elsewhere)  # the owner's link to a file it cannot read
+    (code / "fifo.py").unlink(missing_ok=True)
+    os.mkfifo(code / "fifo.py")
+    me, stranger = os.geteuid(), os.geteuid() + 4242  # the file's owner, and another user
+    function = COMMAND.split()[1:]  # the warm argv: without the interpreter
+    assert {"tensorflow", "keras"} <= set(preload_for(code, ["train.py"], "auto", me))
+    assert not {"tensorflow", "keras"} & set(preload_for(code, ["train.py"], "auto", stranger))
+    assert {"numpy", "jinja2"} <= set(preload_for(code, function, "auto", me))
+    assert not {"numpy", "jinja2"} & set(preload_for(code, function, "auto", stranger))
+    # A FIFO named like a module is skipped at once, never waited on.
+    assert preload_for(code, ["fifo.py"], "auto", me) == preload_for(code, [], "none", me)

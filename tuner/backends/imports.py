@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tuner.backends.owned_files import read_owned
+
 # A snapshot with more modules than this is not walked further (the imports found so far count).
 MAX_MODULES = 500
 
@@ -34,11 +36,15 @@ def _package_of(root: Path, path: Path) -> list[str]:
     return [part for part in rel.parts if part]
 
 
-def _imports_of(path: Path, root: Path) -> list[str]:
-    """Absolute dotted names imported by one file (relative imports resolved)."""
+def _imports_of(path: Path, root: Path, owner_uid: int | None) -> list[str]:
+    """Absolute dotted names imported by one file (relative imports resolved); nothing for a
+    file that is not the snapshot owner's (:func:`tuner.backends.owned_files.read_owned`)."""
+    source = read_owned(path, owner_uid)
+    if source is None:
+        return []
     try:
-        tree = ast.parse(path.read_text(errors="replace"), filename=str(path))
-    except (OSError, SyntaxError, ValueError):
+        tree = ast.parse(source.decode(errors="replace"), filename=str(path))
+    except (SyntaxError, ValueError):
         return []
     names: list[str] = []
     for node in ast.walk(tree):
@@ -60,8 +66,9 @@ def _imports_of(path: Path, root: Path) -> list[str]:
     return names
 
 
-def external_imports(entry: Path, root: Path) -> set[str]:
-    """Top-level names of the packages outside the snapshot that ``entry`` reaches."""
+def external_imports(entry: Path, root: Path, owner_uid: int | None = None) -> set[str]:
+    """Top-level names of the packages outside the snapshot that ``entry`` reaches, reading
+    only files owned by ``owner_uid``, the snapshot's owner (default: this process's user)."""
     found: set[str] = set()
     seen: set[Path] = set()
     todo = [entry]
@@ -70,7 +77,7 @@ def external_imports(entry: Path, root: Path) -> set[str]:
         if path in seen:
             continue
         seen.add(path)
-        for dotted in _imports_of(path, root):
+        for dotted in _imports_of(path, root, owner_uid):
             local = local_module(root, dotted)
             if local is not None:
                 todo.append(local)

@@ -146,7 +146,7 @@ class LocalBackend(Backend):
         launch.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = command_argv(launch.command)
         warm = warm_argv(argv, sys.executable) if self.warm else None
-        preload = self._preload(launch, warm) if warm is not None else ()
+        preload = self._preload(launch, warm, owner) if warm is not None else ()
         start = self._start_note(launch, warm, preload)
         with open(launch.log_path, "a") as fh:
             fh.write(f"{HEADER} {start} ===\n")
@@ -188,15 +188,19 @@ class LocalBackend(Backend):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _preload(self, launch: TrialLaunch, warm: list[str]) -> tuple[str, ...]:
+    def _preload(
+        self, launch: TrialLaunch, warm: list[str], owner: unix_users.UnixUser | None
+    ) -> tuple[str, ...]:
         """What a warm trial's zygote preloads, worked out once per sweep and command: it
         follows the import graph of the sweep's code snapshot, which does not change while
         the sweep runs (every trial's directory links to the same files), and parsing it
-        again for each of thousands of short trials cost milliseconds of every launch."""
+        again for each of thousands of short trials cost milliseconds of every launch. Only
+        the owner's files are read (a link they planted to a file of root's is skipped)."""
         key = (launch.sweep_id, tuple(warm), launch.preload)
         preload = self._preloads.get(key)
         if preload is None:
-            preload = preload_for(launch.workdir, warm, launch.preload)
+            preload = preload_for(launch.workdir, warm, launch.preload,
+                                  owner.uid if owner is not None else None)
             if len(self._preloads) >= PRELOAD_CACHE:
                 self._preloads.pop(next(iter(self._preloads)))
             self._preloads[key] = preload

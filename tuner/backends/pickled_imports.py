@@ -29,11 +29,11 @@ from __future__ import annotations
 import dis
 import hashlib
 import io
-import os
 import pickle
-import stat
 from pathlib import Path
 from typing import Any
+
+from tuner.backends.owned_files import read_owned
 
 # A bigger pickle (data captured in the function's closure) is not read: no modules found.
 MAX_BYTES = 64 * 2**20
@@ -121,20 +121,15 @@ def _imported_names(code: bytes, names: tuple[Any, ...]) -> list[str]:
     return found
 
 
-def pickled_imports(path: Path) -> frozenset[str]:
+def pickled_imports(path: Path, owner_uid: int | None = None) -> frozenset[str]:
     """Top-level names of the modules the pickled function at ``path`` imports (see the
     module text), without the pickling machinery; empty when the file cannot be read. The
     trial's directory links the file from the sweep's snapshot: the link is followed, but
-    only to a regular file (never a device or a pipe that would not end)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+    only to a regular file of the snapshot's owner ``owner_uid``
+    (:func:`tuner.backends.owned_files.read_owned`)."""
+    data = read_owned(path, owner_uid, MAX_BYTES)
+    if data is None:
         return frozenset()
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
-            return frozenset()
-        data = fh.read()
     key = hashlib.sha256(data).digest()
     if key not in _SEEN:
         if len(_SEEN) >= 64:
