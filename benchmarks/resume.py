@@ -62,24 +62,24 @@ class SweepProcess:
         return end
 
 
-def _finished_states() -> list[str]:
-    from tuner.states import TrialState
-
-    return [str(s) for s in TrialState if s.is_finished()]
-
-
-def count_finished(url: str, sweep_id: int) -> int:
+def wait_until_finished(url: str, sweep: SweepProcess, count: int) -> None:
+    """Poll (one connection, every ``POLL_S``) until ``count`` of the sweep's trials have
+    finished; fails if the sweep process ends first."""
     from sqlalchemy import create_engine, func, select
 
     from tuner.db import Trial
+    from tuner.states import TrialState
 
+    query = select(func.count()).select_from(Trial).where(
+        Trial.sweep_id == sweep.sweep_id, Trial.state.in_(TrialState.finished()))
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            return int(conn.execute(
-                select(func.count()).select_from(Trial).where(
-                    Trial.sweep_id == sweep_id, Trial.state.in_(_finished_states()))
-            ).scalar_one())
+            while conn.execute(query).scalar_one() < count:
+                conn.rollback()  # a fresh snapshot on the next look
+                if sweep.proc.poll() is not None:
+                    raise RuntimeError("the sweep ended before it could be killed")
+                time.sleep(POLL_S)
     finally:
         engine.dispose()
 
@@ -131,10 +131,7 @@ def audit(url: str, sweep_id: int) -> dict[str, Any]:
 
 def run_one(home: Path, url: str, trials: int, kill_at: int, log: Any) -> dict[str, Any]:
     first = SweepProcess(home, url, trials)
-    while count_finished(url, first.sweep_id) < kill_at:
-        if first.proc.poll() is not None:
-            raise RuntimeError("the sweep ended before it could be killed")
-        time.sleep(POLL_S)
+    wait_until_finished(url, first, kill_at)
     ran = first.kill()
     at_kill = audit(url, first.sweep_id)
     log(f"resume: killed after {ran:.0f} s with {at_kill['states']} "
@@ -161,7 +158,9 @@ def exact(entry: dict[str, Any]) -> bool:
     """The promise: exactly ``trials`` trials, numbers 0..trials-1 once each, all finished,
     Optuna's study the same size with nothing left running, and no completed result lost."""
     n, after = entry["trials"], entry["after"]
-    finished = set(_finished_states())
+    from tuner.states import TrialState
+
+    finished = set(TrialState.finished())
     return (
         after["sweep_state"] == "completed"
         and after["rows"] == after["distinct_numbers"] == n

@@ -44,7 +44,8 @@ STEPS = 3  # intermediate reports per trial, judged by the pruner
 def scale_spec(trials: int, steps: int = STEPS) -> dict[str, Any]:
     """``steps`` > 0: every trial reports that many intermediate values and successive
     halving (ASHA) prunes on them, as the issue's target asks (TPE and a pruner on)."""
-    pruner = {"pruner": {"type": "asha", "min_resource": 1, "reduction_factor": 3}} if steps else {}
+    pruner = ({"pruner": {"type": "asha", "min_resource": 1, "reduction_factor": 3}}
+              if steps else {})
     return {
         **pruner,
         "name": "scale",
@@ -61,9 +62,8 @@ def scale_spec(trials: int, steps: int = STEPS) -> dict[str, Any]:
     }
 
 
-def run_tunehub(
-    home: Path, url: str, trials: int, profile: Path | None, steps: int = STEPS
-) -> dict[str, Any]:
+def run_tunehub(home: Path, url: str, trials: int, profile: Path | None,
+                steps: int = STEPS) -> dict[str, Any]:
     """One sweep on the instant backend with the controller's steps timed."""
     from benchmarks._tunehub import Probe, controller_probe, patched, run_sweep, settings_for
     from tuner.backends.instant import InstantBackend
@@ -157,17 +157,12 @@ def mirror_memory(spec: Any, url: str, sweep_id: int) -> dict[str, float]:
 
 def digest(raw: dict[str, Any], trials: int) -> dict[str, Any]:
     """Summaries by window; the raw lists are dropped from the stored result (too big)."""
-    out: dict[str, Any] = {k: v for k, v in raw.items() if not isinstance(v, list)}
+    out: dict[str, Any] = {
+        k: v for k, v in raw.items() if not isinstance(v, list)
+    }
     late = trials
-    for key in (
-        "per_trial_s",
-        "ask_s",
-        "launch_s",
-        "tell_s",
-        "optuna_ask_s",
-        "optuna_tell_s",
-        "report_s",
-    ):
+    for key in ("per_trial_s", "ask_s", "launch_s", "tell_s", "optuna_ask_s", "optuna_tell_s",
+                "report_s"):
         values = raw.get(key)
         if not values:
             continue
@@ -193,40 +188,28 @@ class ScaleBenchmark(Benchmark):
         peer_trials = ctx.size("scale_peer_trials", trials, trials)
         profile = bool(ctx.options.get("profile"))
         steps = ctx.size("scale_steps", STEPS, STEPS)
-        result: dict[str, Any] = {
-            "trials": trials,
-            "peer_trials": peer_trials,
-            "steps": steps,
-            "parallelism": PARALLELISM,
-            "databases": {},
-        }
+        result: dict[str, Any] = {"trials": trials, "peer_trials": peer_trials, "steps": steps,
+                                  "parallelism": PARALLELISM, "databases": {}}
         # scale_databases=1: SQLite only (the smoke test); 2 (default): also PostgreSQL.
         names = ("sqlite", "postgresql")[: ctx.size("scale_databases", 2, 2)]
         for db_name in names:
             ctx.log(f"scale: {trials} trials on {db_name} (tunehub, instant backend)")
             entry: dict[str, Any] = {}
-            with database_url(
-                db_name, ctx.scratch / f"scale-{db_name}-tunehub", "bench_scale"
-            ) as url:
+            with database_url(db_name, ctx.scratch / f"scale-{db_name}-tunehub",
+                              "bench_scale") as url:
                 prof = ctx.profile_dir / f"scale-{db_name}.prof" if profile else None
                 t0 = time.perf_counter()
-                raw = run_tunehub(ctx.scratch / f"scale-{db_name}-home", url, trials, prof, steps)
+                raw = run_tunehub(ctx.scratch / f"scale-{db_name}-home", url, trials, prof,
+                                  steps)
                 ctx.log(f"scale: tunehub on {db_name} took {time.perf_counter() - t0:.0f} s")
                 entry["tunehub"] = digest(raw, trials)
             ctx.log(f"scale: {peer_trials} trials on {db_name} (plain Optuna ask/tell)")
-            with database_url(
-                db_name, ctx.scratch / f"scale-{db_name}-optuna", "bench_scale"
-            ) as url:
+            with database_url(db_name, ctx.scratch / f"scale-{db_name}-optuna",
+                              "bench_scale") as url:
                 peer = run_peer(
                     "optuna_asktell",
-                    [
-                        "--trials",
-                        str(peer_trials),
-                        "--parallelism",
-                        str(PARALLELISM),
-                        "--storage",
-                        url,
-                    ],
+                    ["--trials", str(peer_trials), "--parallelism", str(PARALLELISM),
+                     "--storage", url],
                     env=tunehub_env(ctx.scratch, url),
                 )
                 peer["per_trial_s"] = [
@@ -246,21 +229,13 @@ class ScaleBenchmark(Benchmark):
             if not per or not sugg:
                 continue
             growth = per["late"]["p50"] / per["early"]["p50"]
-            rows.append(
-                (
-                    f"{db_name}: per-trial controller time flat (≤ 2×), trial 100 → {n:,}",
-                    f"{ms(per['early']['p50'])} → {ms(per['late']['p50'])} ({growth:.2f}×)",
-                    growth <= 2,
-                )
-            )
-            rows.append(
-                (
-                    f"{db_name}: suggestion p95 ≤ 50 ms",
-                    f"p95 {ms(sugg['all']['p95'])} over all {n:,} trials, "
-                    f"{ms(sugg['late']['p95'])} in the last 100",
-                    sugg["all"]["p95"] <= 0.05,
-                )
-            )
+            rows.append((f"{db_name}: per-trial controller time flat (≤ 2×), trial 100 → "
+                         f"{n:,}", f"{ms(per['early']['p50'])} → {ms(per['late']['p50'])} "
+                         f"({growth:.2f}×)", growth <= 2))
+            rows.append((f"{db_name}: suggestion p95 ≤ 50 ms",
+                         f"p95 {ms(sugg['all']['p95'])} over all {n:,} trials, "
+                         f"{ms(sugg['late']['p95'])} in the last 100",
+                         sugg["all"]["p95"] <= 0.05))
         return rows
 
     def render(self, result: dict[str, Any]) -> str:
@@ -274,19 +249,15 @@ class ScaleBenchmark(Benchmark):
             "database) on an "
             "**in-process backend whose trials finish the moment they launch** "
             "(`tuner/backends/instant.py`), so this isolates controller cost from process "
-            "start-up. "
-            + (
+            "start-up. " + (
                 f"Every trial reports {result['steps']} intermediate values (the objective "
                 "scaled by step) through the same route, judged by successive halving (ASHA, "
-                "reduction factor 3): pruned trials stop there. "
-                if result.get("steps")
-                else ""
-            )
-            + "Peer: plain Optuna's ask/tell loop with the same sampler config and "
-            "the same kind of storage opened the same way (SQLite: WAL, `synchronous=NORMAL`), 4 "
-            "trials in flight (final values only).",
+                "reduction factor 3): pruned trials stop there. " if result.get("steps") else
+                "") + "Peer: plain Optuna's ask/tell loop with the same sampler config and "
+            "the same kind of storage opened the same way (SQLite: WAL, "
+            "`synchronous=NORMAL`), 4 trials in flight (final values only).",
             "",
-            f'"Early" = trials 51–150, "late" = the last 100 trials (of {n:,} for '
+            f"\"Early\" = trials 51–150, \"late\" = the last 100 trials (of {n:,} for "
             f"tunehub, of {result.get('peer_trials', n):,} for plain Optuna).",
             "",
             "| database | what | early p50 | late p50 | late / early | late p95 |",
@@ -300,10 +271,8 @@ class ScaleBenchmark(Benchmark):
                 ("  of which `_launch` (with the trial's reports)", th.get("launch_s")),
                 ("  one report (`report`: row, study, pruner)", th.get("report_s")),
                 ("  of which `_finish_trial` (tell)", th.get("tell_s")),
-                (
-                    "  suggestion (`study.ask` on the in-memory study, inside `_ask`)",
-                    th.get("optuna_ask_s"),
-                ),
+                ("  suggestion (`study.ask` on the in-memory study, inside `_ask`)",
+                 th.get("optuna_ask_s")),
                 ("plain Optuna per trial (ask+tell)", op.get("per_trial_s")),
                 ("  plain Optuna `study.ask`", op.get("ask_s")),
             ]
@@ -336,24 +305,20 @@ class ScaleBenchmark(Benchmark):
         for db_name, entry in result["databases"].items():
             mem = entry.get("tunehub", {}).get("mirror")
             if mem:
-                lines += [
-                    "",
-                    (
-                        f"{db_name}: the controller's study in memory at {mem['trials']:,} trials "
-                        f"holds {mem['held_bytes'] / 2**20:.1f} MiB "
-                        f"({mem['bytes_per_trial'] / 1024:.1f} KiB per trial, tracemalloc); a "
-                        f"resuming controller loads it in {secs(mem['load_s'])}, in a worker "
-                        "thread (the event loop goes on)."
-                    ),
-                ]
+                lines += ["", (
+                    f"{db_name}: the controller's study in memory at {mem['trials']:,} trials "
+                    f"holds {mem['held_bytes'] / 2**20:.1f} MiB "
+                    f"({mem['bytes_per_trial'] / 1024:.1f} KiB per trial, tracemalloc); a "
+                    f"resuming controller loads it in {secs(mem['load_s'])}, in a worker "
+                    "thread (the event loop goes on).")]
         lines += ["", (
             "No process RSS is given: the benchmark process also holds the other benchmarks' "
             "imports, and a peer forked from it inherits its high-water mark "
             "(`ru_maxrss` survives exec), so neither figure would measure the controller.")]
         lines += [
             "",
-            "Targets (issues 6 and 15): per-trial cost within 2× from trial 100 to the last trial; "
-            "p95 suggestion ≤ 50 ms. The `late / early` column is the first; the suggestion "
+            "Targets (issues 6 and 15): per-trial cost within 2× from trial 100 to the last "
+            "trial; p95 suggestion ≤ 50 ms. The `late / early` column is the first; the suggestion "
             "p95 column the second.",
         ]
         return "\n".join(lines)

@@ -151,7 +151,6 @@ def test_preload_reads_only_the_snapshot_owners_files(tmp_path: Path) -> None:
     elsewhere.write_text("import tensorflow\nimport model\n")
     (code / "model.py").write_text("import keras\n")
     (code / "train.py").symlink_to(elsewhere)  # the owner's link to a file it cannot read
-    (code / "fifo.py").unlink(missing_ok=True)
     os.mkfifo(code / "fifo.py")
     me, stranger = os.geteuid(), os.geteuid() + 4242  # the file's owner, and another user
     function = COMMAND.split()[1:]  # the warm argv: without the interpreter
