@@ -85,6 +85,15 @@ class Lab:
                                   storage=storage_for(self.db_url))
         return {t.number: t for t in study.trials}
 
+    async def stop_engine_with_held(self, sweep_id: int, held: int,
+                                    stable_api_url: bool = False) -> None:
+        """An engine runs the sweep until ``held`` of its attempts run, then stops (its
+        controller releases the sweep; what becomes of the attempts is the test's to say)."""
+        engine = await self.engine(stable_api_url=stable_api_url)
+        engine.run_sweep(sweep_id)
+        await self.until(lambda: len(self.held(sweep_id)) == held)
+        await engine.close()
+
     def held(self, sweep_id: int) -> list[tuple[int, int]]:
         return sorted(k for k, launch in self.backend.held.items() if launch.sweep_id == sweep_id)
 
@@ -195,10 +204,7 @@ async def test_a_result_that_arrives_with_the_cancel_is_kept(lab: Lab) -> None:
 
 async def test_a_sweep_no_controller_runs_is_cancelled_here(lab: Lab) -> None:
     sweep_id = lab.submit(trials=4, parallelism=2)
-    engine = await lab.engine()
-    engine.run_sweep(sweep_id)
-    await lab.until(lambda: len(lab.held(sweep_id)) == 2)
-    await engine.close()  # the controller stops (releases the sweep); its trials vanish
+    await lab.stop_engine_with_held(sweep_id, 2)  # the controller stops; its trials vanish
     lab.backend.lose_all()
     view = lab.store.request_cancel(sweep_id, ALICE)  # the CLI's way, from another process
     assert view.state == SweepState.CANCELLED
@@ -212,10 +218,8 @@ async def test_attempts_that_outlive_their_controller_are_adopted_with_a_stable_
     lab: Lab,
 ) -> None:
     sweep_id = lab.submit(trials=2, parallelism=2)
-    first = await lab.engine(stable_api_url=True)
-    first.run_sweep(sweep_id)
-    await lab.until(lambda: len(lab.held(sweep_id)) == 2)
-    await first.close()  # the service restarts; its trials (Jobs) keep running
+    # The service restarts; its trials (Jobs) keep running.
+    await lab.stop_engine_with_held(sweep_id, 2, stable_api_url=True)
     second = await lab.engine(stable_api_url=True)
     task = second.run_sweep(sweep_id)
     await lab.until(lambda: len(lab.backend.reconciled) == 1)
@@ -232,10 +236,7 @@ async def test_attempts_that_outlive_their_controller_are_adopted_with_a_stable_
 
 async def test_attempts_that_died_with_their_controller_are_rerun(lab: Lab) -> None:
     sweep_id = lab.submit(trials=2, parallelism=2)
-    first = await lab.engine()
-    first.run_sweep(sweep_id)
-    await lab.until(lambda: len(lab.held(sweep_id)) == 2)
-    await first.close()
+    await lab.stop_engine_with_held(sweep_id, 2)
     lab.backend.lose_all()  # local trials die with their controller
     lab.backend.script = lambda launch, params: Outcome(value=0.5)
     second = await lab.engine()
