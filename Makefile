@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo up test lint bench install browser image-tools acl
+.PHONY: demo up test lint bench install browser image-tools acl nftables
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,22 +33,27 @@ browser:
 acl:
 	@command -v setfacl >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null; }
 
+# nft: as root, each local attempt's network island reaches the machine's network through source
+# NAT, and nothing opens a connection into an island (tuner/backends/local/island.py).
+nftables:
+	@command -v nft >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
+
 image-tools:
 	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap >/dev/null; }
 
 demo: $(STAMP)
 	$(BIN)/tunehub demo
 
-up: $(STAMP) acl
+up: $(STAMP) acl nftables
 	$(BIN)/tunehub up
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) browser image-tools acl
+test: $(STAMP) browser image-tools acl nftables
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	$(BIN)/pytest -q -p no:cacheprovider tests kubesim/tests
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'

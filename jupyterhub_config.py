@@ -8,11 +8,13 @@ from ``c.TunehubHub.<option>`` in a config file loaded before this one.
 import logging
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
-from hub import culler, local_spawner, notebook, scopes, tuner_service
-from hub.accounts import AccountStore
+from hub import culler, internal_tls, local_spawner, notebook, scopes, tuner_service
 from hub.auth import TunehubAuthenticator
+from hub.log_limits import limit_repeats
 from hub.options import TunehubHub
+from tunehub_base.accounts import AccountStore
 
 c = get_config()  # noqa: F821 -- provided by JupyterHub when it loads this file
 
@@ -27,9 +29,17 @@ else:
 state = Path(opts.state_dir)
 state.mkdir(parents=True, exist_ok=True, mode=0o700)
 
+# --- platform traffic: TLS on one machine (hub/internal_tls.py); Kubernetes: see the chart ----
+internal = None
+if opts.mode == "local":
+    internal = internal_tls.InternalTls(state / "internal-ssl", settings.home / "tls").prepare()
+    internal.configure(c)
+    c.TunehubLocalSpawner.tls_dir = str(internal.public)
+scheme = "https" if internal else "http"
+
 # --- the hub, its state, its pages ----------------------------------------------------------
 c.JupyterHub.bind_url = f"http://{opts.ip}:{opts.port}/"
-c.JupyterHub.hub_bind_url = f"http://127.0.0.1:{opts.hub_port}"
+c.JupyterHub.hub_bind_url = f"{scheme}://127.0.0.1:{opts.hub_port}"
 c.JupyterHub.db_url = opts.db_url
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
@@ -37,9 +47,16 @@ c.JupyterHub.template_paths = [str(Path(local_spawner.__file__).parent / "templa
 sweeps_url = tuner_service.sweeps_page_url()
 c.JupyterHub.template_vars = {"tunehub_sweeps_url": sweeps_url, "tunehub_accounts": True}
 
+# A repeated identical error (an EMFILE storm) is written once per interval, with a count.
+limit_repeats("JupyterHub", "tornado", "asyncio")
+
 # --- the proxy: configurable-http-proxy from PyPI (no Node.js), see hub/proxy.py ------------
 c.ConfigurableHTTPProxy.command = [sys.executable, "-m", "hub.proxy"]
-c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{opts.proxy_api_port}"
+api_socket = state / "proxy-api.sock"
+if internal and len(str(api_socket)) < internal_tls.MAX_SOCKET_PATH:
+    c.ConfigurableHTTPProxy.api_url = f"http+unix://{quote(str(api_socket), safe='')}"
+else:
+    c.ConfigurableHTTPProxy.api_url = f"{scheme}://127.0.0.1:{opts.proxy_api_port}"
 c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
 
 # --- logins ----------------------------------------------------------------------------------
@@ -60,11 +77,15 @@ if opts.mode == "kubernetes":
 scopes.configure(c, tuner_service.SERVICE_NAME, admins, opts.high_priority_group)
 
 # --- notebook servers ------------------------------------------------------------------------
+tuner_url = f"{scheme}://127.0.0.1:{opts.tuner_port}"
 notebook.configure(
     c,
-    api_url=f"{opts.public_url}services/{tuner_service.SERVICE_NAME}/",
+    # Straight to the tuner over verified TLS on one machine, not through the public port.
+    api_url=(f"{tuner_url}{tuner_service.sweeps_page_url()}" if internal
+             else f"{opts.public_url}services/{tuner_service.SERVICE_NAME}/"),
     data_path=str(settings.data),
     activity_interval=opts.activity_interval,
+    api_ca=str(internal.api_ca) if internal else None,
 )
 if opts.mode == "kubernetes":
     kube.configure_kubespawner(c, values)
@@ -84,15 +105,17 @@ if opts.mode == "kubernetes":
 else:
     c.JupyterHub.services = [
         tuner_service.service_definition(
-            f"http://127.0.0.1:{opts.tuner_port}",
-            tuner_service.service_environment(settings),
+            tuner_url,
+            tuner_service.service_environment(
+                settings, api_ca=str(internal.api_ca) if internal else None),
             opts.tuner_command,
         )
     ]
 if opts.cpu_idle_timeout > 0:
     c.JupyterHub.services.append(
         culler.service_definition(
-            api_url=f"http://127.0.0.1:{opts.hub_port}/hub/api",
+            api_url=f"{scheme}://127.0.0.1:{opts.hub_port}/hub/api",
+            internal_certs=str(internal.store) if internal else None,
             cpu_timeout=opts.cpu_idle_timeout,
             gpu_timeout=opts.gpu_idle_timeout,
             gpu_profiles=[p["slug"] for p in profiles if p.get("gpus")],

@@ -15,6 +15,7 @@ def all_benchmarks() -> list[Benchmark]:
     from benchmarks.hub import HubBenchmark
     from benchmarks.kubernetes import KubernetesBenchmark
     from benchmarks.overhead import OverheadBenchmark
+    from benchmarks.pool import PoolBenchmark
     from benchmarks.resume import ResumeBenchmark
     from benchmarks.scale import ScaleBenchmark
     from benchmarks.start_latency import StartLatencyBenchmark
@@ -29,6 +30,7 @@ def all_benchmarks() -> list[Benchmark]:
         StartLatencyBenchmark(),
         KubernetesBenchmark(),
         HubBenchmark(),
+        PoolBenchmark(),
     ]
 
 

@@ -75,6 +75,7 @@ SIZE_KEYS = {
     "start_latency": "latency_trials (20 per mode)",
     "kubernetes": "kube_trials (500)",
     "hub": "hub_users (50)",
+    "pool": "pool_hours (9: simulated day at 64 GPUs), pool_scale_hours (3: at 1,000 GPUs)",
 }
 
 

@@ -26,7 +26,7 @@ async def drive(home: Path, url: str, trials: int, steps: int, resume: int | Non
     from tuner.backends.instant import InstantBackend
     from tuner.db import Database
     from tuner.spec import SweepSpec
-    from tuner.sweeps import SweepStore
+    from tuner.sweep_store import SweepStore
 
     settings = settings_for(home, url)
     db = Database(url)

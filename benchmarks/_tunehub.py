@@ -1,5 +1,7 @@
 """Running tunehub sweeps inside the benchmark process, and timing the controller's steps
-from outside ``tuner/`` (wrapping its methods for the duration of a run)."""
+from outside ``tuner/``: through the controller's public observer hook
+(:class:`~tuner.scheduling.controller.ControllerObserver`), and Optuna's suggestion and tell by
+wrapping those public methods for the duration of a run."""
 
 from __future__ import annotations
 
@@ -8,18 +10,20 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tunehub_base.settings import Settings, load_settings
 from tuner.backends._base import Backend
-from tuner.controller import Engine, SweepController
 from tuner.db import Database
+from tuner.lifecycle.states import TrialState
 from tuner.runtime import LocalRuntime
-from tuner.settings import Settings, load_settings
+from tuner.scheduling.controller import ControllerObserver
+from tuner.scheduling.host import SweepHost
 from tuner.spec import SweepSpec
-from tuner.sweeps import Actor, SweepStore
+from tuner.sweep_store import Actor, SweepStore
 
 ACTOR = Actor(name="bench", admin=True)
 
@@ -45,26 +49,30 @@ async def run_sweep(
     db: Database,
     spec: SweepSpec,
     backend: Backend | str = "local",
+    observers: Sequence[ControllerObserver] = (),
 ) -> SweepRun:
     """Submit ``spec`` and drive it to the end in this process, like ``tunehub sweep run
     --wait`` does. A backend *name* gets the real runtime (report API on loopback); a backend
-    *instance* reports in-process, so no HTTP server is needed."""
+    *instance* reports in-process, so no HTTP server is needed. ``observers`` watch the
+    controller's steps."""
     if isinstance(backend, str):
         async with LocalRuntime(settings, db, [backend]) as engine:
+            engine.observers.extend(observers)
             return await _submit_and_run(engine, settings, db, spec, engine.backends[backend])
     async with in_process_engine(settings, db, backend) as engine:
+        engine.observers.extend(observers)
         return await _submit_and_run(engine, settings, db, spec, backend)
 
 
 @contextlib.asynccontextmanager
 async def in_process_engine(
     settings: Settings, db: Database, backend: Backend
-) -> AsyncIterator[Engine]:
+) -> AsyncIterator[SweepHost]:
     """An engine on a backend whose trials report in-process (no report API is served: its
     URL is a closed port, never called)."""
-    engine = Engine(db, settings, {backend.name: backend}, "http://127.0.0.1:9/")
+    engine = SweepHost(db, settings, {backend.name: backend}, "http://127.0.0.1:9/")
     if hasattr(backend, "bind"):
-        backend.bind(engine)
+        backend.bind(engine.report)
     await engine.start()
     try:
         yield engine
@@ -73,7 +81,7 @@ async def in_process_engine(
 
 
 async def _submit_and_run(
-    engine: Engine, settings: Settings, db: Database, spec: SweepSpec, backend: Backend
+    engine: SweepHost, settings: Settings, db: Database, spec: SweepSpec, backend: Backend
 ) -> SweepRun:
     t0 = time.perf_counter()
     sweep = SweepStore(db, settings).submit(spec, ACTOR, backend)
@@ -83,8 +91,10 @@ async def _submit_and_run(
 
 
 @dataclass
-class Probe:
-    """Durations of wrapped calls, in call order: ``calls["ask"][i]`` is (start, seconds)."""
+class Probe(ControllerObserver):
+    """Durations of the controller's steps (``ask``, ``launch``, ``tell``: the ledger's write
+    and Optuna's tell of a finished trial, ``report``) as its observer, and of wrapped calls
+    (:func:`patched`), in call order: ``calls["ask"][i]`` is (end, seconds)."""
 
     calls: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
@@ -93,6 +103,29 @@ class Probe:
 
     def seconds(self, name: str) -> list[float]:
         return [d for _, d in self.calls.get(name, [])]
+
+    def _step(self, name: str, seconds: float) -> None:
+        self.record(name, time.perf_counter() - seconds, seconds)
+
+    def on_trial_asked(self, sweep_id: int, trial_id: int, seconds: float) -> None:
+        self._step("ask", seconds)
+
+    def on_trial_start(
+        self, sweep_id: int, trial_id: int, attempt: int, launched_at: float, seconds: float
+    ) -> None:
+        self._step("launch", seconds)
+
+    def on_report(
+        self, sweep_id: int, trial_id: int, step: int | None, value: float, pruned: bool,
+        seconds: float,
+    ) -> None:
+        self._step("report", seconds)
+
+    def on_trial_end(
+        self, sweep_id: int, trial_id: int, state: TrialState, value: float | None,
+        seconds: float,
+    ) -> None:
+        self._step("tell", seconds)
 
 
 def _wrap_sync(probe: Probe, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -119,6 +152,19 @@ def _wrap_async(probe: Probe, name: str, fn: Callable[..., Any]) -> Callable[...
     return timed
 
 
+class LaunchClock(ControllerObserver):
+    """The wall-clock moment the controller began handing each trial's (last) attempt to the
+    backend, by trial id."""
+
+    def __init__(self) -> None:
+        self.launched: dict[int, float] = {}
+
+    def on_trial_start(
+        self, sweep_id: int, trial_id: int, attempt: int, launched_at: float, seconds: float
+    ) -> None:
+        self.launched[trial_id] = launched_at
+
+
 @contextlib.contextmanager
 def patched(targets: list[tuple[object, str, str]], probe: Probe) -> Iterator[Probe]:
     """Time ``owner.attr`` as ``name`` for each (owner, attr, name) while the block runs;
@@ -136,20 +182,16 @@ def patched(targets: list[tuple[object, str, str]], probe: Probe) -> Iterator[Pr
             setattr(owner, attr, original)
 
 
-def controller_probe() -> list[tuple[object, str, str]]:
-    """The controller's per-trial steps and Optuna's suggestion and tell inside them.
+def optuna_probe() -> list[tuple[object, str, str]]:
+    """Optuna's suggestion and tell inside the controller's steps (their public methods).
 
     The suggestion is ``optuna.Study.ask`` (the sampler, on the controller's in-memory study);
     the tell is the mirror's, which tells the database study and the memory one."""
     import optuna
 
-    from tuner.mirror import StudyMirror
+    from tuner.search.mirror import StudyMirror
 
     return [
-        (SweepController, "_ask", "ask"),
-        (SweepController, "_launch", "launch"),
-        (SweepController, "_finish_trial", "tell"),
-        (SweepController, "report", "report"),
         (optuna.Study, "ask", "optuna_ask"),
         (StudyMirror, "tell", "optuna_tell"),
     ]

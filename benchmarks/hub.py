@@ -49,7 +49,7 @@ def state_dir(env: dict[str, str]) -> Path:
 
 
 def create_users(accounts_file: Path, n: int) -> dict[str, str]:
-    from hub.accounts import AccountStore, random_password
+    from tunehub_base.accounts import AccountStore, random_password
 
     accounts_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = AccountStore(accounts_file)

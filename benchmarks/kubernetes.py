@@ -1,9 +1,9 @@
 """Kubernetes backend: N concurrent trials against the Kubernetes API emulator (``python -m
-tests.kube``): API requests per trial, reads and writes separately (the emulator counts every
+kubesim``): API requests per trial, reads and writes separately (the emulator counts every
 request of the code under test), and the controller's memory as the sweep grows.
 
 Runs only when both parts exist in the tree: the backend (``tuner/backends/kubernetes.py``) and
-the emulator (``tests/kube``); otherwise it reports what is missing instead of a number.
+the emulator (``kubesim``); otherwise it reports what is missing instead of a number.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def missing_parts() -> list[str]:
     ):
         missing.append("the Kubernetes backend tuner/backends/kubernetes (issue 4) is not "
                        f"committed at {git_commit()}")
-    if not _committed("tests/kube/__main__.py"):
-        missing.append("the Kubernetes emulator tests/kube")
+    if not _committed("kubesim/__main__.py"):
+        missing.append("the Kubernetes emulator kubesim")
     return missing
 
 
@@ -71,12 +71,12 @@ def rss_mib() -> float:
 
 @contextlib.contextmanager
 def emulator(data: Path, workdir: Path) -> Iterator[dict[str, Any]]:
-    """``python -m tests.kube`` in a process of its own; yields its JSON line (url,
+    """``python -m kubesim`` in a process of its own; yields its JSON line (url,
     kubeconfig, namespace, counters)."""
     data.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.kube", "--data", str(data), "--workdir", str(workdir)],
+        [sys.executable, "-m", "kubesim", "--data", str(data), "--workdir", str(workdir)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=(workdir / "emulator.log").open("wb"),
         text=True,
         # Pods run as local processes with the emulator's environment: `python` is this venv's.
@@ -184,9 +184,13 @@ class KubernetesBenchmark(Benchmark):
             # The backend's settings (tuner/backends/kubernetes/settings.py): the emulator's
             # kubeconfig, its namespace, and TUNEHUB_HOME inside the data store the
             # emulator mounts as the tunehub-data claim.
+            # The per-person caps (tuner/limits.py) raised to the sizes measured: all trials
+            # of the sweep at once is what this benchmark is about.
             os.environ.update({"KUBECONFIG": cluster["kubeconfig"],
                                "TUNEHUB_K8S_NAMESPACE": cluster["namespace"],
-                               "TUNEHUB_DATA": str(data)})
+                               "TUNEHUB_DATA": str(data),
+                               "TUNEHUB_MAX_PARALLELISM": str(trials),
+                               "TUNEHUB_MAX_WORKERS_PER_PERSON": str(trials)})
             priority_class(cluster["url"], "tunehub-sweep-normal", cluster["token"])
             runs = []
             for n in sizes:

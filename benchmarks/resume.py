@@ -68,7 +68,7 @@ def wait_until_finished(url: str, sweep: SweepProcess, count: int) -> None:
     from sqlalchemy import create_engine, func, select
 
     from tuner.db import Trial
-    from tuner.states import TrialState
+    from tuner.lifecycle.states import TrialState
 
     query = select(func.count()).select_from(Trial).where(
         Trial.sweep_id == sweep.sweep_id, Trial.state.in_(TrialState.finished()))
@@ -158,7 +158,7 @@ def exact(entry: dict[str, Any]) -> bool:
     """The promise: exactly ``trials`` trials, numbers 0..trials-1 once each, all finished,
     Optuna's study the same size with nothing left running, and no completed result lost."""
     n, after = entry["trials"], entry["after"]
-    from tuner.states import TrialState
+    from tuner.lifecycle.states import TrialState
 
     finished = set(TrialState.finished())
     return (

@@ -65,11 +65,11 @@ def scale_spec(trials: int, steps: int = STEPS) -> dict[str, Any]:
 def run_tunehub(home: Path, url: str, trials: int, profile: Path | None,
                 steps: int = STEPS) -> dict[str, Any]:
     """One sweep on the instant backend with the controller's steps timed."""
-    from benchmarks._tunehub import Probe, controller_probe, patched, run_sweep, settings_for
+    from benchmarks._tunehub import Probe, optuna_probe, patched, run_sweep, settings_for
     from tuner.backends.instant import InstantBackend
     from tuner.db import Database
+    from tuner.search.study import storage_for
     from tuner.spec import SweepSpec
-    from tuner.study import storage_for
 
     settings = settings_for(home, url)
     db = Database(url)
@@ -78,10 +78,10 @@ def run_tunehub(home: Path, url: str, trials: int, profile: Path | None,
     profiler = cProfile.Profile() if profile is not None else None
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     try:
-        with patched(controller_probe(), probe):
+        with patched(optuna_probe(), probe):
             if profiler is not None:
                 profiler.enable()
-            run = asyncio.run(run_sweep(settings, db, spec, InstantBackend(steps)))
+            run = asyncio.run(run_sweep(settings, db, spec, InstantBackend(steps), [probe]))
             if profiler is not None:
                 profiler.disable()
     finally:
@@ -127,7 +127,7 @@ def mirror_memory(spec: Any, url: str, sweep_id: int) -> dict[str, float]:
     import tracemalloc
 
     from tuner.db import Database, SweepRow
-    from tuner.mirror import load_mirror
+    from tuner.search.mirror import load_mirror
 
     db = Database(url, migrate=False)
     try:
@@ -245,7 +245,7 @@ class ScaleBenchmark(Benchmark):
             f"liar, seed 1), parallelism {result['parallelism']}. tunehub's controller runs "
             "its real path (trial rows, working directories and logs, backend events, the "
             "report route with its token check, Optuna's sampler on the controller's in-memory "
-            "study (`tuner/mirror.py`) and every trial written to the study in the same "
+            "study (`tuner/search/mirror.py`) and every trial written to the study in the same "
             "database) on an "
             "**in-process backend whose trials finish the moment they launch** "
             "(`tuner/backends/instant.py`), so this isolates controller cost from process "
@@ -267,11 +267,12 @@ class ScaleBenchmark(Benchmark):
             th, op = entry.get("tunehub", {}), entry.get("optuna", {})
             rows = [
                 ("tunehub per trial (ask+launch+tell)", th.get("per_trial_s")),
-                ("  of which controller `_ask`", th.get("ask_s")),
-                ("  of which `_launch` (with the trial's reports)", th.get("launch_s")),
+                ("  of which the ask (`on_trial_asked`)", th.get("ask_s")),
+                ("  of which the launch (`on_trial_start`, with the trial's reports)",
+                 th.get("launch_s")),
                 ("  one report (`report`: row, study, pruner)", th.get("report_s")),
-                ("  of which `_finish_trial` (tell)", th.get("tell_s")),
-                ("  suggestion (`study.ask` on the in-memory study, inside `_ask`)",
+                ("  of which the tell (`on_trial_end`)", th.get("tell_s")),
+                ("  suggestion (`study.ask` on the in-memory study, inside the ask)",
                  th.get("optuna_ask_s")),
                 ("plain Optuna per trial (ask+tell)", op.get("per_trial_s")),
                 ("  plain Optuna `study.ask`", op.get("ask_s")),

@@ -1,17 +1,15 @@
 """Trial start latency: from the controller launching a trial to the user's code running with
 TensorFlow imported. tunehub cold (``TUNEHUB_WARM_START=0``: a new Python process per trial)
 against warm (trials forked from a process that already imported TensorFlow, see
-``tuner/backends/zygote_process.py``); peer: Ray Tune, whose trainable imports TensorFlow, from
-Tune's ``on_trial_start`` to the trainable's code running.
+``tuner/backends/local/zygote_process.py``); peer: Ray Tune, whose trainable imports
+TensorFlow, from Tune's ``on_trial_start`` to the trainable's code running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,25 +37,6 @@ def latency_spec(trials: int, marks: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def launch_clock(launched: dict[int, float]) -> Iterator[None]:
-    """Record the wall-clock moment the controller hands each trial to the backend."""
-    from tuner.controller import SweepController
-
-    original = SweepController._launch
-
-    @functools.wraps(original)
-    async def timed(self: SweepController, trial_id: int) -> None:
-        launched[trial_id] = time.time()
-        await original(self, trial_id)
-
-    SweepController._launch = timed  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        SweepController._launch = original  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
 def warm_start(enabled: bool) -> Iterator[None]:
     before = os.environ.get("TUNEHUB_WARM_START")
     os.environ["TUNEHUB_WARM_START"] = "1" if enabled else "0"
@@ -71,7 +50,7 @@ def warm_start(enabled: bool) -> Iterator[None]:
 
 
 def run_tunehub(home: Path, trials: int, warm: bool) -> dict[str, Any]:
-    from benchmarks._tunehub import run_sweep, settings_for
+    from benchmarks._tunehub import LaunchClock, run_sweep, settings_for
     from tuner.db import Database
     from tuner.spec import SweepSpec
 
@@ -80,15 +59,15 @@ def run_tunehub(home: Path, trials: int, warm: bool) -> dict[str, Any]:
     url = sqlite_url(home)
     settings = settings_for(home, url)
     db = Database(url)
-    launched: dict[int, float] = {}
+    clock = LaunchClock()
     try:
         spec = SweepSpec.from_dict(latency_spec(trials, marks))
-        with warm_start(warm), launch_clock(launched):
-            run = asyncio.run(run_sweep(settings, db, spec, "local"))
+        with warm_start(warm):
+            run = asyncio.run(run_sweep(settings, db, spec, "local", [clock]))
     finally:
         db.dispose()
     latencies = []
-    for trial_id, start in sorted(launched.items()):
+    for trial_id, start in sorted(clock.launched.items()):
         mark = marks / f"ran-{trial_id}"
         if mark.exists():
             latencies.append(float(mark.read_text()) - start)
@@ -146,7 +125,8 @@ class StartLatencyBenchmark(Benchmark):
         lines = [
             f"{result['trials']} trials per mode, one at a time; the trial imports TensorFlow "
             "and Keras and records the moment its code runs. tunehub: from the controller's "
-            "`_launch` to that moment (includes the trial's database rows, working directory, "
+            "launch (`ControllerObserver.on_trial_start`) to that moment (includes the "
+            "trial's database rows, working directory, "
             "and the process start). Ray Tune: from `Callback.on_trial_start` on the driver "
             "to that moment in the trainable (with `reuse_actors=True` a trial runs in an actor "
             "of an earlier trial, so TensorFlow is already imported, but trials share one "

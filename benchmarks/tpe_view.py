@@ -1,4 +1,4 @@
-"""Search quality of TPE on its bounded view (``tuner/sampling_view.py``) against TPE on the
+"""Search quality of TPE on its bounded view (``tuner/search/sampling_view.py``) against TPE on the
 whole study, over several seeds: the same sampler configuration the controller uses (TPE
 multivariate with constant liar, 4 trials in flight), on Hartmann-6, a standard multimodal
 6-dimensional test function whose minimum is known, so quality is a regret (distance of the
@@ -55,9 +55,9 @@ def run_once(seed: int, trials: int, bounded: bool, checkpoints: list[int]) -> d
     trials in flight told first); regret at each checkpoint, per-ask seconds."""
     import optuna
 
-    from tuner.mirror import bounded as bounded_sampler
-    from tuner.sampling_view import BoundedTPE
-    from tuner.study import make_sampler
+    from tuner.search.mirror import bounded as bounded_sampler
+    from tuner.search.sampling_view import BoundedTPE
+    from tuner.search.study import make_sampler
 
     spec = spec_for(seed)
     sampler = make_sampler(spec)
@@ -126,7 +126,8 @@ class TpeViewBenchmark(Benchmark):
             f"trials, TPE as the controller configures it (multivariate, constant liar, "
             f"{result['parallelism']} trials in flight), seeds 1–{seeds}. *Whole study*: TPE "
             "reads every trial on every ask (Optuna's behaviour). *Bounded view*: what the "
-            "controller runs (`tuner/sampling_view.py`): TPE's good-set candidates, the newest "
+            "controller runs (`tuner/search/sampling_view.py`): TPE's good-set candidates, "
+            "the newest "
             "128 finished trials, a uniform sample of 160 older ones and the running trials; "
             "identical to the whole study up to 320 finished trials.",
             "",

@@ -10,7 +10,7 @@ from typing import Any
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from hub.accounts import AccountError, AccountStore, provision_system_user, random_password
+from tunehub_base.accounts import AccountError, AccountStore, provision_system_user, random_password
 
 
 class _AccountsBase(BaseHandler):

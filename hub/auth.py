@@ -2,22 +2,36 @@
 
 Why not the alternatives: ``DummyAuthenticator`` lets anyone in; ``SharedPasswordAuthenticator``
 gives the whole team one password; ``PAMAuthenticator`` needs a system user per person. Here each
-person has an account in :class:`hub.accounts.AccountStore`; admins create accounts and reset
-passwords on the hub page ``/hub/tunehub/accounts`` (the new password is shown once), and every
-user can change their own password at ``/hub/tunehub/password``.
+person has an account in :class:`tunehub_base.accounts.AccountStore`; admins create accounts and
+reset passwords on the hub page ``/hub/tunehub/accounts`` (the new password is shown once), and
+every user can change their own password at ``/hub/tunehub/password``.
+
+Why ours and not ``jupyterhub-nativeauthenticator`` (NativeAuthenticator), which does the same
+in outline (sign-up, hashed passwords, admin authorisation): its accounts live in the hub's own
+database, and ``tunehub up`` creates the first admin, and provisions every account's Unix user,
+before the hub runs, from a file it can read without loading JupyterHub
+(:class:`tunehub_base.accounts.AccountStore`); an account here is also what makes the person's
+system user (:func:`tunehub_base.accounts.provision_system_user`) when the hub runs as root. It
+is not a dependency of tunehub either; adopting it would add one and split accounts between two
+stores. Kubernetes mode can use any OAuthenticator instead (:mod:`hub.kube_logins`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 from jupyterhub.auth import Authenticator
 from traitlets import Integer, Unicode, default
 
-from hub.accounts import AccountError, AccountStore, provision_system_user, retire_system_user
+from hub.login_throttle import LoginThrottle, client_address
+from tunehub_base.accounts import (
+    AccountError,
+    AccountStore,
+    provision_system_user,
+    retire_system_user,
+)
 
 
 class TunehubAuthenticator(Authenticator):
@@ -36,17 +50,24 @@ class TunehubAuthenticator(Authenticator):
 
     max_failed_logins = Integer(
         5,
-        help="""Failed logins for one username before further attempts for that name are
-        refused for ``lockout_seconds`` (slows down password guessing).""",
+        help="""Failed logins for one account from one client address before that address is
+        locked out of that account for ``lockout_seconds`` (slows down password guessing; the
+        account's owner still logs in from their own address: see hub/login_throttle.py).""",
     ).tag(config=True)
 
     lockout_seconds = Integer(
-        60, help="How long a username is locked after ``max_failed_logins`` failures."
+        60, help="""How long the first lockout of an (account, client address) lasts; each
+        further lockout of the same pair lasts twice the one before, up to
+        ``max_lockout_seconds``."""
+    ).tag(config=True)
+
+    max_lockout_seconds = Integer(
+        3600, help="The longest lockout of an (account, client address)."
     ).tag(config=True)
 
     @default("accounts_file")
     def _default_accounts_file(self) -> str:
-        from tuner.settings import load_settings
+        from tunehub_base.settings import load_settings
 
         return str(load_settings().home / "hub" / "accounts.json")
 
@@ -57,32 +78,23 @@ class TunehubAuthenticator(Authenticator):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._failures: dict[str, tuple[int, float]] = {}
+        self.throttle = LoginThrottle(self.max_failed_logins, self.lockout_seconds,
+                                      self.max_lockout_seconds)
 
     @property
     def store(self) -> AccountStore:
         return AccountStore(Path(self.accounts_file))
-
-    def _locked(self, username: str) -> bool:
-        count, since = self._failures.get(username, (0, 0.0))
-        if count < self.max_failed_logins:
-            return False
-        if time.monotonic() - since > self.lockout_seconds:
-            self._failures.pop(username, None)
-            return False
-        return True
-
-    def _record_failure(self, username: str) -> None:
-        count, _ = self._failures.get(username, (0, 0.0))
-        self._failures[username] = (count + 1, time.monotonic())
 
     async def authenticate(self, handler: Any, data: dict[str, str]) -> dict[str, Any] | None:
         username = self.normalize_username(data.get("username", "").strip())
         password = data.get("password", "")
         if not username or not password:
             return None
-        if self._locked(username):
-            self.log.warning("login for %r refused: too many failed attempts", username)
+        client = client_address(handler.request,
+                                getattr(self.parent, "trusted_downstream_ips", None) or ())
+        if (wait := self.throttle.locked_for(username, client)) > 0:
+            self.log.warning("login for %r from %s refused for %.0f s more: too many failed "
+                             "attempts from there", username, client, wait)
             return None
         try:
             account = await asyncio.to_thread(self.store.verify, username, password)
@@ -90,10 +102,10 @@ class TunehubAuthenticator(Authenticator):
             self.log.error("%s", exc)
             return None
         if account is None:
-            self._record_failure(username)
-            self.log.warning("failed login for %r", username)
+            self.throttle.failed(username, client)
+            self.log.warning("failed login for %r from %s", username, client)
             return None
-        self._failures.pop(username, None)
+        self.throttle.succeeded(username, client)
         model: dict[str, Any] = {"name": account.name}
         if account.admin:
             # Bootstrap admins stay admins; others keep what the admin panel gave them.

@@ -6,7 +6,7 @@ set by both our local spawner and KubeSpawner): servers of a GPU profile are cul
 ``gpu_timeout`` seconds idle, all others after ``timeout``.
 
 "Idle" is the hub's ``last_activity``, which a notebook server reports while someone uses it and,
-with :mod:`hub.busy_activity`, while one of its kernels is busy running a cell.
+with :mod:`hub.singleuser.busy_activity`, while one of its kernels is busy running a cell.
 """
 
 from __future__ import annotations
@@ -85,8 +85,11 @@ def service_definition(
     gpu_profiles: list[str],
     default_profile: str,
     cull_every: int = 0,
+    internal_certs: str | None = None,
 ) -> dict[str, Any]:
-    """The culler as a hub-managed service (see :func:`culler_role` for its permissions)."""
+    """The culler as a hub-managed service (see :func:`culler_role` for its permissions).
+    ``internal_certs``: the hub's internal TLS store, whose hub certificate the culler calls
+    the hub's API with (it runs as the hub's user)."""
     command = [
         sys.executable, "-m", "hub.culler",
         f"--url={api_url}",
@@ -97,6 +100,8 @@ def service_definition(
     ]
     if cull_every:
         command.append(f"--cull-every={cull_every}")
+    if internal_certs:
+        command += ["--ssl-enabled=true", f"--internal-certs-location={internal_certs}"]
     return {"name": SERVICE_NAME, "command": command}
 
 

@@ -17,37 +17,28 @@ Called from ``jupyterhub_config.py`` when ``TUNEHUB_MODE=kubernetes``::
 from __future__ import annotations
 
 import os
-import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.utils.quantity import parse_quantity
 from traitlets import Unicode, default
 from traitlets.config import Configurable
 
 from hub import notebook
 from hub.kube_spawner import TunehubKubeSpawner
-from tuner.gpu_names import GpuNames
+from tunehub_base.gpu_names import GpuNames
 
 #: Where the chart mounts its values (the hub Deployment sets TUNEHUB_HUB_VALUES to this).
 DEFAULT_VALUES_PATH = "/usr/local/etc/tunehub/values.yaml"
 NOTEBOOK_PORT = 8888
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-#: JupyterLab's news pop-up and update check call out to jupyter.org; off unless
-#: notebooks.jupyterlabNews (LabApp.news_url=None also tells the page not to ask).
-NO_LAB_NEWS_ARGS = ["--LabApp.news_url=None",
-                    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
 #: Seconds the starting hub waits for the (external) tuner service to answer; then it warns.
 TUNER_STARTUP_WAIT = 2
 #: What the notebook image runs (its CMD; images/notebook/Dockerfile).
 SINGLEUSER_COMMAND = "jupyterhub-singleuser"
 
-_QUANTITY = re.compile(r"^([0-9.]+)(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
-_FACTOR: dict[str | None, Decimal | int] = {
-    None: 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-    "Pi": 2**50, "Ei": 2**60}
 
 
 class ValuesError(ValueError):
@@ -111,10 +102,10 @@ def memory(quantity: Any, field: str) -> int:
 
 
 def _parse(quantity: Any, field: str) -> Decimal:
-    m = _QUANTITY.match(str(quantity).strip())
-    if not m:
-        raise ValuesError(f"{field}: {quantity!r} is not a Kubernetes quantity")
-    return Decimal(m.group(1)) * Decimal(_FACTOR[m.group(2)])
+    try:
+        return parse_quantity(quantity)
+    except ValueError:
+        raise ValuesError(f"{field}: {quantity!r} is not a Kubernetes quantity") from None
 
 
 def gpu_inventory(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -245,12 +236,12 @@ def configure_kubespawner(c: Any, values: dict[str, Any] | None = None) -> None:
         "app.kubernetes.io/managed-by": "kubespawner",
     }
     ks.component_label = "notebook"  # what the chart's NetworkPolicies select
+    if nb.get("jupyterlabNews"):  # notebook.configure turned the news off, as in every mode
+        c.Spawner.args = [a for a in c.Spawner.args if a not in notebook.NO_LAB_NEWS_ARGS]
     if names.get("localQueue"):
         # kueue.queueNotebooks: Kueue's pod integration admits notebook pods from the same
         # quota as sweeps, so notebook GPUs count against the pool.
         ks.extra_labels = {QUEUE_LABEL: names["localQueue"]}
-    if not nb.get("jupyterlabNews"):
-        c.Spawner.args = [*c.Spawner.get("args", []), *NO_LAB_NEWS_ARGS]
     # Non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp.
     ks.uid = int(nb["uid"])
     ks.gid = int(nb["gid"])

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hub.accounts import AccountStore
+from tunehub_base.accounts import AccountStore
 
 ADMIN_USER_ENV = "TUNEHUB_ADMIN_USER"
 ADMIN_PASSWORD_ENV = "TUNEHUB_ADMIN_PASSWORD"

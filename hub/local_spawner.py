@@ -1,18 +1,28 @@
 """Notebook servers as local processes on this machine (the embedded default).
 
-Two ways, one class. With ``unix_users`` (``tunehub up`` as root sets it) each account has a
-system user of its own (:mod:`tuner.unix_users`, created with the account) and its server runs as
+Two ways, one class. With ``unix_users`` (``tunehub up`` as root sets it) each account has a system
+user of its own (:mod:`tunehub_base.unix_users`, created with the account) and its server runs as
 that user, as JupyterHub's ``LocalProcessSpawner`` does (initgroups, setgid, setuid in the child
-before exec): people are separated by the operating system. Without it (the hub is not root),
-every server runs as the user running the hub (``SimpleLocalProcessSpawner``), which is no
-boundary between people: ``tunehub up`` says so at start-up. Either way each person has a home
-under ``$TUNEHUB_HOME/users/<name>`` with the shared data store linked in as ``~/data``;
-Kubernetes mode gives each person a pod.
+before exec): people are separated by the operating system. Without it (the hub is not root), every
+server runs as the user running the hub (``SimpleLocalProcessSpawner``), which is no boundary
+between people: ``tunehub up`` says so at start-up. Either way each person has a home under
+``$TUNEHUB_HOME/users/<name>`` with the shared data store linked in as ``~/data``; Kubernetes mode
+gives each person a pod.
 
 GPUs are whole devices taken from the same lock files the tuner's local backend uses, so a
 notebook and a trial never share a GPU. The notebook server process itself holds the locks
 (inherited file descriptors): they outlive a hub restart and free themselves when the server
 exits, however it exits. CPU-only servers see no GPU at all (``CUDA_VISIBLE_DEVICES=""``).
+
+Why ours and not JupyterHub's ``LocalProcessSpawner``: it looks the hub user's name up as a
+system user (``pwd.getpwnam(user.name)``) and switches to it; ours switches to the account's own
+system user, whose login is not the account's name (``tunehub-NAME``, :mod:`tunehub_base.
+unix_users`) and which the platform creates, and it must run as the hub user when the hub is not
+root. It also hands the GPU locks to the server as inherited descriptors (``pass_fds``), links
+the data store into a home under ``$TUNEHUB_HOME``, and refuses a server it cannot start with a
+reason for the person (:class:`~hub.spawn_refused.SpawnRefused`). What it can share, it does:
+it is a ``SimpleLocalProcessSpawner`` (JupyterHub's process handling, polling and stopping), and
+it keeps the base class's pre-exec step (``chdir`` to the home) before its own privilege drop.
 """
 
 from __future__ import annotations
@@ -26,10 +36,12 @@ from typing import Any
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Bool, Dict, List, Unicode, default
 
+from hub import internal_tls
 from hub.spawn_refused import SpawnRefused
-from tuner import unix_users
-from tuner.backends.gpus import GpuPool, discover_gpus
-from tuner.unix_users import UnixUser, UnixUsers
+from tunehub_base import unix_users
+from tunehub_base.gpu_holders import Holder, HolderBook
+from tunehub_base.gpus import GpuPool, discover_gpus
+from tunehub_base.unix_users import UnixUser, UnixUsers
 
 
 def default_profiles(gpu_count: int) -> list[dict[str, Any]]:
@@ -44,15 +56,6 @@ def default_profiles(gpu_count: int) -> list[dict[str, Any]]:
             {"slug": f"gpu-{gpu_count}", "display_name": f"{gpu_count} GPUs", "gpus": gpu_count}
         )
     return profiles
-
-
-class _HandoverPool(GpuPool):
-    """A :class:`GpuPool` that hands held locks over to a child process."""
-
-    def detach(self, gpus: list[str]) -> list[int]:
-        """The lock descriptors of ``gpus``; the pool forgets them (the caller closes its
-        copies once the child has inherited them, without unlocking)."""
-        return [self._held.pop(gpu) for gpu in gpus]
 
 
 class TunehubLocalSpawner(SimpleLocalProcessSpawner):
@@ -83,7 +86,17 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         ``TUNEHUB_UNIX_USERS=1`` and root (``tunehub up`` sets it when started as root).""",
     ).tag(config=True)
 
+    tls_dir = Unicode(
+        help="""With internal TLS: the root-owned directory servers' certificates are handed
+        over in (:func:`hub.internal_tls.hand_over`), instead of JupyterHub's ``~/.jupyterhub``
+        in a home its owner controls. Set by the hub config.""",
+    ).tag(config=True)
+
     gpus = List(Unicode(), help="GPU ids held by the running server (kept in the state).")
+
+    gpu_holdings = Dict(help="""GPU id -> the id of its recorded holding (kept in the state): what
+        ends the server's holdings in the GPU-hours ledger when it stops
+        (:mod:`tunehub_base.gpu_holders`).""")
 
     @default("unix_users")
     def _default_unix_users(self) -> bool:
@@ -91,7 +104,7 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
 
     @staticmethod
     def _system_users() -> UnixUsers:
-        from tuner.settings import load_settings
+        from tunehub_base.settings import load_settings
 
         return UnixUsers.from_env(load_settings().home)
 
@@ -104,19 +117,19 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
 
     @default("home_dir_template")
     def _default_home_template(self) -> str:
-        from tuner.settings import load_settings
+        from tunehub_base.settings import load_settings
 
         return str(load_settings().home / "users" / "{username}")
 
     @default("gpu_lock_dir")
     def _default_gpu_lock_dir(self) -> str:
-        from tuner.settings import load_settings
+        from tunehub_base.settings import load_settings
 
         return str(load_settings().gpu_locks_dir)
 
     @default("data_path")
     def _default_data_path(self) -> str:
-        from tuner.settings import load_settings
+        from tunehub_base.settings import load_settings
 
         return str(load_settings().data)
 
@@ -159,6 +172,19 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         choices = ", ".join(str(p["slug"]) for p in self.profiles)
         raise SpawnRefused(f"profile {slug!r} does not exist; choose one of: {choices}")
 
+    # --- internal TLS (see hub.internal_tls) ------------------------------------------------
+
+    async def create_certs(self) -> dict[str, str]:
+        return internal_tls.create_notebook_certs(
+            self.internal_certs_location, self.user.name,
+            self.internal_trust_bundles[internal_tls.NOTEBOOKS_CA])
+
+    async def move_certs(self, paths: dict[str, str]) -> dict[str, str]:
+        if not self.unix_users:
+            return paths  # the server runs as the hub's user, who can read the store
+        owner = self.system_user()
+        return internal_tls.hand_over(paths, Path(self.tls_dir), owner.login, owner.uid)
+
     # --- process ---------------------------------------------------------------------------
 
     def _prepare_home(self) -> None:
@@ -200,13 +226,15 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
             raise SpawnRefused(
                 f"this profile needs {count} GPU(s) but this machine has {len(ids)} ({source})"
             )
-        pool = _HandoverPool(Path(self.gpu_lock_dir), ids)
-        taken = pool.acquire(count)
+        pool = GpuPool(Path(self.gpu_lock_dir), ids)
+        groups = tuple(sorted(g.name for g in getattr(self.user, "groups", None) or ()))
+        taken = pool.acquire(count, Holder.notebook(self.user.name, self.name or "", groups))
         if taken is None:
             raise SpawnRefused(
                 f"all GPUs are busy (trials or other notebooks hold them); {count} needed. "
                 "Try again later or start a CPU-only server."
             )
+        self.gpu_holdings = pool.holdings(taken)
         return taken, pool.detach(taken)
 
     async def start(self) -> Any:
@@ -262,12 +290,29 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         state = super().get_state()
         if self.gpus:
             state["gpus"] = list(self.gpus)
+        if self.gpu_holdings:
+            state["gpu_holdings"] = dict(self.gpu_holdings)
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         self.gpus = list(state.get("gpus", []))
+        self.gpu_holdings = dict(state.get("gpu_holdings", {}))
+
+    def _end_gpu_holdings(self) -> None:
+        """The stopped server's GPU time into the ledger (a holding another holder has taken
+        over since, after closing it as stale, is left alone)."""
+        book = HolderBook(Path(self.gpu_lock_dir))
+        for gpu, holding in self.gpu_holdings.items():
+            try:
+                book.released(str(gpu), str(holding))
+            except OSError as exc:
+                self.log.warning("GPU %s of %s: release not in the ledger: %s", gpu,
+                                 self.user.name, exc)
+        self.gpu_holdings = {}
 
     def clear_state(self) -> None:
+        if self.gpu_holdings:
+            self._end_gpu_holdings()
         super().clear_state()
         self.gpus = []

@@ -2,12 +2,13 @@
 
 Every option reads a ``TUNEHUB_*`` environment variable by default (so ``tunehub up``, a
 container or a Helm chart can set it) and can also be set in a hub config file as
-``c.TunehubHub.<option>``.
+``c.TunehubHub.<option>``. Each option's variable, plain default and help come from the one
+table of settings, :data:`tunehub_base.options.SETTINGS`; the defaults computed from other
+settings are computed here.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -15,147 +16,105 @@ from pathlib import Path
 from traitlets import Enum, Int, List, Unicode, default
 from traitlets.config import Configurable
 
-from tuner.settings import Settings, load_settings
+from tunehub_base.options import BY_OPTION, hub_state_dir, url_of
+from tunehub_base.settings import Settings, load_settings
 
 
-def _env_int(name: str, fallback: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return fallback
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}: expected a whole number, got {raw!r}") from None
+def _help(option: str) -> str:
+    """The option's help text: the table's, with its variable and default."""
+    s = BY_OPTION[option]
+    return f"{s.help[0].upper()}{s.help[1:]} ({s.env}; default {s.default.replace('`', '')})."
 
 
 class TunehubHub(Configurable):
     """Settings of the tunehub JupyterHub (both modes)."""
 
-    mode = Enum(
-        ["local", "kubernetes"],
-        help="Where notebook servers run: local processes on this machine, or pods "
-        "(TUNEHUB_MODE).",
-    ).tag(config=True)
+    mode = Enum(["local", "kubernetes"], help=_help("mode")).tag(config=True)
 
-    ip = Unicode(help="Address the public proxy listens on (TUNEHUB_IP).").tag(config=True)
+    ip = Unicode(help=_help("ip")).tag(config=True)
 
-    port = Int(help="Port of the public proxy: the URL people open (TUNEHUB_PORT).").tag(
-        config=True
-    )
+    port = Int(help=_help("port")).tag(config=True)
 
-    hub_port = Int(help="Port of the hub process behind the proxy (TUNEHUB_HUB_PORT).").tag(
-        config=True
-    )
+    hub_port = Int(help=_help("hub_port")).tag(config=True)
 
-    proxy_api_port = Int(
-        help="Port of the proxy's REST API, loopback only (TUNEHUB_PROXY_API_PORT)."
-    ).tag(config=True)
+    proxy_api_port = Int(help=_help("proxy_api_port")).tag(config=True)
 
-    tuner_port = Int(
-        help="Port of the tuner service, loopback only; reached through the proxy at "
-        "/services/tuner/ (TUNEHUB_TUNER_PORT)."
-    ).tag(config=True)
+    tuner_port = Int(help=_help("tuner_port")).tag(config=True)
 
-    state_dir = Unicode(
-        help="Directory of the hub's state: its database, cookie secret, accounts "
-        "(TUNEHUB_HUB_STATE; default $TUNEHUB_HOME/hub).",
-    ).tag(config=True)
+    state_dir = Unicode(help=_help("state_dir")).tag(config=True)
 
-    db_url = Unicode(
-        help="The hub's own database (TUNEHUB_HUB_DB_URL; default SQLite in state_dir). "
-        "Separate from the tuner's database (TUNEHUB_DB_URL).",
-    ).tag(config=True)
+    db_url = Unicode(help=_help("db_url")).tag(config=True)
 
-    cpu_idle_timeout = Int(
-        help="Seconds a CPU-only notebook server may idle before it is stopped "
-        "(TUNEHUB_CPU_IDLE_TIMEOUT, default 7200). 0 disables the idle culler.",
-    ).tag(config=True)
+    cpu_idle_timeout = Int(help=_help("cpu_idle_timeout")).tag(config=True)
 
-    gpu_idle_timeout = Int(
-        help="Seconds a notebook server holding GPUs may idle before it is stopped, so idle "
-        "GPUs go back to the pool (TUNEHUB_GPU_IDLE_TIMEOUT, default 1800).",
-    ).tag(config=True)
+    gpu_idle_timeout = Int(help=_help("gpu_idle_timeout")).tag(config=True)
 
-    cull_every = Int(
-        help="Seconds between idle checks (TUNEHUB_CULL_EVERY; 0: half the shorter timeout)."
-    ).tag(config=True)
+    cull_every = Int(help=_help("cull_every")).tag(config=True)
 
-    activity_interval = Int(
-        help="Seconds between a notebook server's activity reports to the hub "
-        "(TUNEHUB_ACTIVITY_INTERVAL, default 120): how stale the culler's view can be.",
-    ).tag(config=True)
+    activity_interval = Int(help=_help("activity_interval")).tag(config=True)
 
-    high_priority_group = Unicode(
-        help="Hub group whose members may submit sweeps with priority: high "
-        "(TUNEHUB_HIGH_PRIORITY_GROUP, default 'tuner-priority'). Tuner admins may too; "
-        "anyone else gets 403 naming this rule. The hub creates the group; add members in "
-        "the admin page or with the hub's API.",
-    ).tag(config=True)
+    high_priority_group = Unicode(help=_help("high_priority_group")).tag(config=True)
 
-    tuner_command = List(
-        Unicode(),
-        help="Command that runs the tuner service (TUNEHUB_TUNER_COMMAND, split like a shell "
-        "line; default: this Python with -m tuner.service).",
-    ).tag(config=True)
+    tuner_command = List(Unicode(), help=_help("tuner_command")).tag(config=True)
 
     @default("tuner_command")
     def _tuner_command(self) -> list[str]:
-        raw = os.environ.get("TUNEHUB_TUNER_COMMAND")
+        raw = BY_OPTION["tuner_command"].read()
         return shlex.split(raw) if raw else [sys.executable, "-m", "tuner.service"]
 
     @default("high_priority_group")
     def _high_priority_group(self) -> str:
-        return os.environ.get("TUNEHUB_HIGH_PRIORITY_GROUP") or "tuner-priority"
+        return BY_OPTION["high_priority_group"].text()
 
     @default("mode")
     def _mode(self) -> str:
-        return os.environ.get("TUNEHUB_MODE") or "local"
+        return BY_OPTION["mode"].text()
 
     @default("ip")
     def _ip(self) -> str:
-        return os.environ.get("TUNEHUB_IP") or "127.0.0.1"
+        return BY_OPTION["ip"].text()
 
     @default("port")
     def _port(self) -> int:
-        return _env_int("TUNEHUB_PORT", 8000)
+        return BY_OPTION["port"].number()
 
     @default("hub_port")
     def _hub_port(self) -> int:
-        return _env_int("TUNEHUB_HUB_PORT", 8081)
+        return BY_OPTION["hub_port"].number()
 
     @default("proxy_api_port")
     def _proxy_api_port(self) -> int:
-        return _env_int("TUNEHUB_PROXY_API_PORT", self.port + 1)
+        return BY_OPTION["proxy_api_port"].number(fallback=self.port + 1)
 
     @default("tuner_port")
     def _tuner_port(self) -> int:
-        return _env_int("TUNEHUB_TUNER_PORT", 8082)
+        return BY_OPTION["tuner_port"].number()
 
     @default("state_dir")
     def _state_dir(self) -> str:
-        return os.environ.get("TUNEHUB_HUB_STATE") or str(self.settings.home / "hub")
+        return str(hub_state_dir(self.settings.home))
 
     @default("db_url")
     def _db_url(self) -> str:
-        return os.environ.get("TUNEHUB_HUB_DB_URL") or (
+        return BY_OPTION["db_url"].read() or (
             f"sqlite:///{Path(self.state_dir) / 'jupyterhub.sqlite'}"
         )
 
     @default("cpu_idle_timeout")
     def _cpu_idle(self) -> int:
-        return _env_int("TUNEHUB_CPU_IDLE_TIMEOUT", 7200)
+        return BY_OPTION["cpu_idle_timeout"].number()
 
     @default("gpu_idle_timeout")
     def _gpu_idle(self) -> int:
-        return _env_int("TUNEHUB_GPU_IDLE_TIMEOUT", 1800)
+        return BY_OPTION["gpu_idle_timeout"].number()
 
     @default("cull_every")
     def _cull_every(self) -> int:
-        return _env_int("TUNEHUB_CULL_EVERY", 0)
+        return BY_OPTION["cull_every"].number()
 
     @default("activity_interval")
     def _activity_interval(self) -> int:
-        return _env_int("TUNEHUB_ACTIVITY_INTERVAL", 120)
+        return BY_OPTION["activity_interval"].number()
 
     @property
     def settings(self) -> Settings:
@@ -164,5 +123,4 @@ class TunehubHub(Configurable):
 
     @property
     def public_url(self) -> str:
-        host = "127.0.0.1" if self.ip in ("", "0.0.0.0", "::") else self.ip
-        return f"http://{host}:{self.port}/"
+        return url_of(self.ip, self.port)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.scopes import ADMIN, HIGH_PRIORITY, READ, SCOPES, SUBMIT
+from tunehub_base.scopes import ADMIN, HIGH_PRIORITY, READ, SCOPES, SUBMIT
 
 
 def access_scope(service_name: str) -> str:

@@ -8,8 +8,9 @@ import os
 import sys
 from typing import Any
 
-from tuner.scopes import ADMIN, READ, SUBMIT
-from tuner.settings import Settings
+from tunehub_base.scopes import ADMIN, READ, SUBMIT
+from tunehub_base.settings import Settings
+from tunehub_base.tls import ENV_API_CA
 
 SERVICE_NAME = "tuner"
 # Trial processes and the service need these from the hub's environment as they are.
@@ -17,11 +18,15 @@ _PASS_THROUGH_PREFIXES = ("TUNEHUB_", "CUDA_", "TF_")
 
 
 def service_environment(
-    settings: Settings, environ: dict[str, str] | None = None
+    settings: Settings, environ: dict[str, str] | None = None, api_ca: str | None = None
 ) -> dict[str, str]:
-    """The tuner's settings, resolved once here so hub, service and trials agree on paths."""
+    """The tuner's settings, resolved once here so hub, service and trials agree on paths.
+    ``api_ca``: the CA that vouches for the tuner's own certificate, which it hands its trials
+    so they verify whom they report to."""
     env = environ if environ is not None else dict(os.environ)
     passed = {k: v for k, v in env.items() if k.startswith(_PASS_THROUGH_PREFIXES)}
+    if api_ca:
+        passed[ENV_API_CA] = api_ca
     return {
         **passed,
         "TUNEHUB_HOME": str(settings.home),

@@ -11,7 +11,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from tests.kube import KubeCluster
+from kubesim import KubeCluster
 from tests.test_hub_kube_config import RELEASE, example_values, render
 
 RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")

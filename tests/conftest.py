@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-pytest_plugins = ["tests.service_fixtures", "tests.hub_fixtures", "tests.kube.fixtures"]
+pytest_plugins = ["tests.service_fixtures", "tests.hub_fixtures", "kubesim.fixtures"]
 
 PG_BASE = os.environ.get("TUNEHUB_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parent.parent
@@ -92,3 +92,13 @@ def home(tmp_path: Path, db_url: str) -> Home:
 @pytest.fixture
 def sqlite_home(tmp_path: Path) -> Home:
     return Home(tmp_path / "home", f"sqlite:///{tmp_path / 'tunehub.sqlite'}")
+
+
+@pytest.fixture(autouse=True)
+def _log_repeat_filters_end_with_their_test() -> Iterator[None]:
+    """Loading the hub's config puts a repeat filter on the handlers, pytest's own included;
+    one test's warning must not silence the same warning in the next test."""
+    yield
+    from hub.log_limits import unlimit_repeats
+
+    unlimit_repeats()

@@ -21,10 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import readme
 from tests.polling import wait_for
 from tests.service_fixtures import free_port
-from tuner import unix_users
-from tuner.unix_users import kill_processes_of
+from tunehub_base import unix_users
+from tunehub_base.unix_users import kill_processes_of
 
 REPO = Path(__file__).resolve().parent.parent
 TUNEHUB = str(Path(sys.executable).parent / "tunehub")
@@ -41,11 +42,14 @@ class Platform:
     output: str = ""
     password: str | None = None
 
+    #: What starts it: ``tunehub up`` on the test's port, or the README's words as written.
+    command: list[str] | None = None
+
     def start(self) -> Platform:
         """Run ``tunehub up`` and wait for its announcement (the hub answers by then)."""
         self.process = subprocess.Popen(
-            [TUNEHUB, "up", "--port", str(self.port)], env=self.env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            self.command or [TUNEHUB, "up", "--port", str(self.port)], env=self.env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
         )
         lines: list[str] = []
         assert self.process.stdout is not None
@@ -56,6 +60,9 @@ class Platform:
         self.output = "".join(lines)
         if self.process.poll() is not None or "tunehub is up" not in self.output:
             raise AssertionError(f"tunehub up failed:\n{self.output}\n{self.hub_log()}")
+        announced = re.search(r"tunehub is up: (\S+)", self.output)
+        assert announced, self.output
+        self.url = announced.group(1)
         found = re.search(r"login:\s+admin / (\S+)", self.output)
         if found:
             self.password = found.group(1)
@@ -70,10 +77,11 @@ class Platform:
         return r.status_code == 200
 
     def stop(self) -> int:
-        """Ctrl-C, as a user would; returns tunehub up's exit code."""
+        """Ctrl-C, as a user would (to the whole foreground job: ``make`` and ``tunehub up``);
+        returns the exit code of what was started."""
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else 0
-        self.process.send_signal(signal.SIGINT)
+        os.killpg(self.process.pid, signal.SIGINT)
         try:
             self.process.communicate(timeout=90)
         except subprocess.TimeoutExpired:
@@ -114,6 +122,60 @@ def platform(tmp_path: Path) -> Iterator[Platform]:
             yield p
         finally:
             p.stop()
+
+
+@pytest.fixture
+def readme_platform(tmp_path: Path) -> Iterator[Platform]:
+    """The platform exactly as the README starts it: its quick-start command (``make up``) from
+    the checkout, with no ``TUNEHUB_*`` variable set, on a fresh home: ``HOME`` is a new
+    directory, so the default ``~/.tunehub`` is empty (as root, the default is that directory
+    when it exists, else ``/var/lib/tunehub``, which a test must not take over: it is created
+    empty first). Stopped with Ctrl-C afterwards; as root, the default Unix users and group it
+    made are removed."""
+    command = next(c for c in readme.quick_start_commands() if c.startswith("make up"))
+    with default_system_users() as base:
+        home = (base or tmp_path) / "person"
+        home.mkdir(mode=0o711)
+        if base:
+            (home / ".tunehub").mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEHUB_")}
+        env["HOME"] = str(home)
+        p = Platform("http://127.0.0.1:8000/", home / ".tunehub", home / ".tunehub" / "data",
+                     env, 8000, command=["bash", "-c", command])
+        try:
+            yield p
+        finally:
+            p.stop()
+
+
+@contextlib.contextmanager
+def default_system_users() -> Iterator[Path | None]:
+    """As root: a passable base directory; afterwards, the system users and the group that
+    ``tunehub up`` made with its default names (``tunehub-<name>``, ``tunehub``) are deleted,
+    and the passage it granted that group taken back. Users and a group that existed before
+    are left as they were."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    prefix, group = unix_users.DEFAULT_PREFIX, unix_users.DEFAULT_GROUP
+    users_before = {e.pw_name for e in pwd.getpwall()}
+    group_before = group in {g.gr_name for g in grp.getgrall()}
+    base = Path(tempfile.mkdtemp(prefix="tunehub-readme-"))
+    os.chmod(base, 0o711)
+    try:
+        yield base
+    finally:
+        for entry in pwd.getpwall():
+            if entry.pw_name.startswith(prefix) and entry.pw_name not in users_before:
+                kill_processes_of(entry.pw_uid)
+                subprocess.run(["userdel", entry.pw_name], check=False, capture_output=True)
+        if not group_before:
+            with contextlib.suppress(KeyError):
+                gid = grp.getgrnam(group).gr_gid
+                unix_users.revoke_passage(gid, unix_users.closed_ancestors(
+                    [Path(sys.executable), Path(sys.base_prefix), REPO, base]))
+                subprocess.run(["groupdel", group], check=False, capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -80,7 +80,7 @@ c.JupyterHub.load_roles = [
                                 "access:services!service=tuner"]}},
     {{"name": "test-admin", "services": ["test-admin"],
       "scopes": ["admin:users", "tokens", "custom:tuner:read", "custom:tuner:submit",
-                 "custom:tuner:admin", "access:services"]}},
+                 "custom:tuner:admin", "access:services", "read:metrics"]}},
     {{"name": "tuner-admins", "users": ["boss"], "scopes": ["custom:tuner:admin"]}},
 ]
 c.JupyterHub.services = [
@@ -108,7 +108,7 @@ def running_tuner_hub(
 ) -> Iterator[TunerHub]:
     """The hub and its tuner service; ``extra_env`` goes to the service (e.g. the Kubernetes
     backend's settings)."""
-    from tuner.scopes import SCOPES
+    from tunehub_base.scopes import SCOPES
 
     home = tmp_path / "hub"
     home.mkdir()

@@ -9,6 +9,11 @@ from typing import Any
 
 import yaml
 
+#: The smallest file the registry takes as ``saved_model.pb``: a ``SavedModel`` with one meta
+#: graph whose graph has one node (``tuner.serving.intake`` refuses anything less). For tests
+#: that register a model without TensorFlow; trial scripts embed it with ``repr``.
+MINIMAL_SAVED_MODEL = b"\x08\x01\x12\x07\x12\x05\x0a\x03\x0a\x01x"
+
 
 def write_sweep(directory: Path, script: str, **spec: Any) -> Path:
     """A code directory with ``train.py`` and a ``sweep.yaml`` running it."""

@@ -15,18 +15,19 @@ import pytest
 
 from tests.hub_fixtures import Platform
 from tests.polling import wait_for
+from tests.sweeps_helpers import MINIMAL_SAVED_MODEL
 from tests.test_hub_platform import login_token
 
 pytestmark = [pytest.mark.slow]
 
 SCHEMATHESIS = str(Path(sys.executable).parent / "schemathesis")
 CHECKS = "not_a_server_error,status_code_conformance,response_schema_conformance"
-TRAIN = """\
+TRAIN = f"""\
 import os, pathlib, tuner
 p = tuner.params()
 model = pathlib.Path(os.environ["TUNEHUB_ARTIFACT_DIR"]) / "model"
 model.mkdir(parents=True, exist_ok=True)
-(model / "saved_model.pb").write_bytes(b"x")
+(model / "saved_model.pb").write_bytes({MINIMAL_SAVED_MODEL!r})
 tuner.report(p["x"], step=1)
 tuner.report(p["x"])
 """

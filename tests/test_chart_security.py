@@ -7,9 +7,9 @@ import copy
 
 import httpx
 
+from kubesim import KubeCluster
+from kubesim.rbac import ADMIN_TOKEN
 from tests.chart_security import POD_SECURITY, install_chart_security
-from tests.kube import KubeCluster
-from tests.kube.rbac import ADMIN_TOKEN
 from tests.test_hub_kube_config import CHART, example_values, render
 
 

@@ -17,18 +17,18 @@ import pytest
 from optuna.trial import TrialState as OptunaTrialState
 from sqlalchemy import select
 
+from tunehub_base.settings import load_settings
 from tuner.backends._base import TrialLaunch
 from tuner.backends.instant import InstantBackend, Outcome
 from tuner.db import Database, Trial, TrialReport
-from tuner.engine import Engine
 from tuner.errors import Conflict, NotFound
-from tuner.ledger import Ledger
-from tuner.mirror import StudyMirror
-from tuner.settings import load_settings
+from tuner.lifecycle.ledger import Ledger
+from tuner.lifecycle.states import IllegalTransition, SweepState, TrialState
+from tuner.scheduling.host import SweepHost
+from tuner.search.mirror import StudyMirror
+from tuner.search.study import storage_for
 from tuner.spec import SweepSpec
-from tuner.states import IllegalTransition, SweepState, TrialState
-from tuner.study import storage_for
-from tuner.sweeps import Actor, SweepStore
+from tuner.sweep_store import Actor, SweepStore
 
 ALICE = Actor("alice", admin=True)
 GUARD_SECONDS = 60  # a hung test fails instead of waiting for pytest's timeout
@@ -45,7 +45,7 @@ class Lab:
     tmp: Path
     db_url: str
     backend: InstantBackend = field(default_factory=lambda: InstantBackend(script=hold))
-    engines: list[Engine] = field(default_factory=list)
+    engines: list[SweepHost] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.settings = load_settings({
@@ -65,10 +65,10 @@ class Lab:
         })
         return self.store.submit(spec, ALICE, self.backend).id
 
-    async def engine(self, stable_api_url: bool = False) -> Engine:
-        engine = Engine(self.db, self.settings, {self.backend.name: self.backend},
+    async def engine(self, stable_api_url: bool = False) -> SweepHost:
+        engine = SweepHost(self.db, self.settings, {self.backend.name: self.backend},
                         "http://127.0.0.1:9/", stable_api_url=stable_api_url)
-        self.backend.bind(engine)
+        self.backend.bind(engine.report)
         await engine.start()
         self.engines.append(engine)
         return engine
@@ -170,10 +170,9 @@ async def test_cancel_stops_running_and_asked_ahead_trials(lab: Lab) -> None:
     task = engine.run_sweep(sweep_id)
     await lab.until(lambda: len(lab.held(sweep_id)) == 2)
     running = lab.held(sweep_id)
-    # The API's way: the stored request, then the controller of this process woken.
-    view = lab.store.request_cancel(sweep_id, ALICE, runs_here=engine.runs(sweep_id))
+    # The API's way: the stored request, and the controller of this process woken.
+    view = lab.store.cancel(sweep_id, ALICE, here=engine)
     assert view.state == SweepState.CANCELLING
-    engine.cancel(sweep_id)
     assert await asyncio.wait_for(task, GUARD_SECONDS) == SweepState.CANCELLED
     assert sorted(lab.backend.cancels) == running
     rows = lab.trials(sweep_id)
@@ -182,7 +181,7 @@ async def test_cancel_stops_running_and_asked_ahead_trials(lab: Lab) -> None:
     assert lab.ledger.sweep(sweep_id).reason == "cancelled"
     assert_in_step_with_optuna(lab, sweep_id)
     with pytest.raises(Conflict, match="already cancelled"):
-        lab.store.request_cancel(sweep_id, ALICE)
+        lab.store.cancel(sweep_id, ALICE)
 
 
 async def test_a_result_that_arrives_with_the_cancel_is_kept(lab: Lab) -> None:
@@ -206,7 +205,7 @@ async def test_a_sweep_no_controller_runs_is_cancelled_here(lab: Lab) -> None:
     sweep_id = lab.submit(trials=4, parallelism=2)
     await lab.stop_engine_with_held(sweep_id, 2)  # the controller stops; its trials vanish
     lab.backend.lose_all()
-    view = lab.store.request_cancel(sweep_id, ALICE)  # the CLI's way, from another process
+    view = lab.store.cancel(sweep_id, ALICE)  # the CLI's way, from another process
     assert view.state == SweepState.CANCELLED
     rows = lab.trials(sweep_id)
     assert {r.state for r in rows.values()} == {TrialState.CANCELLED}

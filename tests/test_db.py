@@ -9,7 +9,7 @@ from sqlalchemy import inspect
 
 from tuner.db import Base, Database
 from tuner.db.engine import VERSION_TABLE, ours
-from tuner.study import storage_for
+from tuner.search.study import storage_for
 
 
 def test_migrations_match_models_and_coexist_with_optuna(db_url: str) -> None:

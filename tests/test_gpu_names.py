@@ -1,5 +1,5 @@
 """GPU resource, product label and taint key: one source of truth for the chart, the hub and the
-tuner (tuner/gpu_names.py explains the design). The chart's defaults are the Python defaults,
+tuner (tunehub_base/gpu_names.py explains the design). The chart's defaults are the Python defaults,
 and a release with other names (another vendor's device plugin) uses them everywhere: Kueue,
 serving, notebooks (the hub reads them from its values) and trial Jobs (the tuner reads them
 from the environment the chart sets)."""
@@ -14,11 +14,20 @@ import yaml
 from helm_python.errors import HelmValuesError
 
 from hub import kube
-from tests.test_hub_kube_config import CHART, RELEASE, example_values, find, hub_values, render
+from tests.test_hub_kube_config import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    cluster_prefix,
+    example_values,
+    find,
+    hub_values,
+    render,
+)
 from tests.test_kubernetes_backend import launch
+from tunehub_base.gpu_names import ENV_VARS, VALUES_KEYS, GpuNames
 from tuner.backends.kubernetes import KubeSettings
 from tuner.backends.kubernetes import manifests as m
-from tuner.gpu_names import ENV_VARS, VALUES_KEYS, GpuNames
 from tuner.spec import Resources
 
 CUSTOM = {"resource": "amd.com/gpu", "productLabel": "amd.com/gpu.product-name",
@@ -28,7 +37,7 @@ EXPECTED = GpuNames(resource="amd.com/gpu", product_label="amd.com/gpu.product-n
 
 
 def test_chart_defaults_are_the_python_defaults() -> None:
-    """Fails when values.yaml's gpuNames and tuner.gpu_names drift apart."""
+    """Fails when values.yaml's gpuNames and tunehub_base.gpu_names drift apart."""
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())["gpuNames"]
     assert set(defaults) == set(VALUES_KEYS.values())
     assert GpuNames.from_values({"gpuNames": defaults}) == GpuNames()
@@ -44,10 +53,10 @@ def test_a_release_with_other_gpu_names_uses_them_everywhere(tmp_path: Path) -> 
     # Nothing of the chart names NVIDIA's GPUs any more.
     assert "nvidia.com/gpu" not in json.dumps(objects)
 
-    flavor = find(objects, "ResourceFlavor", f"{RELEASE}-a100")["spec"]
+    flavor = find(objects, "ResourceFlavor", f"{cluster_prefix(NAMESPACE)}-a100")["spec"]
     assert flavor["nodeLabels"] == {EXPECTED.product_label: "NVIDIA-A100-SXM4-80GB"}
     assert flavor["tolerations"] == [EXPECTED.toleration()]
-    cq = find(objects, "ClusterQueue", "tunehub")["spec"]
+    cq = find(objects, "ClusterQueue", cluster_prefix(NAMESPACE))["spec"]
     gpu_group = next(g for g in cq["resourceGroups"] if g["coveredResources"] == [
         EXPECTED.resource])
     assert {r["name"] for f in gpu_group["flavors"] for r in f["resources"]} == {

@@ -24,12 +24,13 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import SchemaNotFoundError
 
-from tests.kube.validation import _crd_validator
+from kubesim.validation import _crd_validator
 from tests.test_hub_kube_config import (
     CHART,
     NAMESPACE,
     RELEASE,
     assert_kubespawner_matches,
+    cluster_prefix,
     example_values,
     find,
     kube_versions,
@@ -46,6 +47,9 @@ KUEUE_KINDS = {"ResourceFlavor", "ClusterQueue", "LocalQueue"}
 CRD_KINDS = KUEUE_KINDS | {"ServiceMonitor", "HTTPRoute"}
 #: The only cluster-scoped objects the chart may create.
 CLUSTER_SCOPED = {"PriorityClass", "ResourceFlavor", "ClusterQueue"}
+
+
+PC = cluster_prefix()
 
 
 def every_option() -> dict[str, Any]:
@@ -180,11 +184,11 @@ def test_rbac_is_namespaced_and_minimal() -> None:
     granted = {(g, r) for rule in tuner["rules"] for g in rule["apiGroups"]
                for r in rule["resources"]}
     assert granted == {("batch", "jobs"), ("", "pods"), ("", "pods/log"), ("", "events"),
-                       ("", "services"), ("", "secrets")}
-    # No Secret is readable, not even the tuner's own (the verbs actually used are checked
-    # against these Roles by the Kubernetes-mode tests, which run under them).
+                       ("", "services"), ("", "secrets"), ("networking.k8s.io", "networkpolicies")}
+    # No Secret is readable nor changeable, not even the tuner's own (the verbs actually used
+    # are checked against these Roles by the Kubernetes-mode tests, which run under them).
     secrets = [rule for rule in tuner["rules"] if "secrets" in rule["resources"]]
-    assert [sorted(rule["verbs"]) for rule in secrets] == [["create", "patch"]]
+    assert [sorted(rule["verbs"]) for rule in secrets] == [["create"]]
     hub = find(objects, "Role", f"{RELEASE}-hub")
     assert {r for rule in hub["rules"] for r in rule["resources"]} == {"pods", "events"}
     for binding in (o for o in objects if o["kind"] == "RoleBinding"):
@@ -252,8 +256,8 @@ def test_product_environment() -> None:
     assert tuner_env["TUNEHUB_K8S_DATA_CLAIM"]["value"] == f"{RELEASE}-data"
     assert tuner_env["TUNEHUB_K8S_IMAGE"]["value"] == "registry.example.com/tunehub/trial:0.1.0"
     classes = json.loads(tuner_env["TUNEHUB_K8S_PRIORITY_CLASSES"]["value"])
-    assert classes == {"high": "tunehub-sweep-high-500", "normal": "tunehub-sweep-normal-100",
-                       "low": "tunehub-sweep-low-10"}
+    assert classes == {"high": f"{PC}-sweep-high-500", "normal": f"{PC}-sweep-normal-100",
+                       "low": f"{PC}-sweep-low-10"}
     for name in classes.values():
         find(objects, "PriorityClass", name)
     labels = json.loads(tuner_env["TUNEHUB_K8S_POD_LABELS"]["value"])
@@ -261,22 +265,17 @@ def test_product_environment() -> None:
     assert trial_policy["spec"]["podSelector"]["matchLabels"] == labels
 
 
-def test_trials_reach_the_tuner_each_other_dns_and_the_mirror() -> None:
-    from tuner.backends.kubernetes.manifests import TF_PORT
-
+def test_trials_reach_the_tuner_dns_and_the_mirror() -> None:
     objects = render(example_values())
     policy = find(objects, "NetworkPolicy", f"{RELEASE}-trial")["spec"]
-    trial = policy["podSelector"]["matchLabels"]
     assert policy["policyTypes"] == ["Ingress", "Egress"]
-    # Multi-worker trials: the workers reach each other on TensorFlow's port, both ways.
-    assert policy["ingress"] == [{"from": [{"podSelector": {"matchLabels": trial}}],
-                                  "ports": [{"protocol": "TCP", "port": TF_PORT}]}]
+    # No trial admits another: an attempt's own workers reach each other through the policy
+    # the tuner creates with its Job (tests/security/test_kubernetes_isolation.py).
+    assert policy["ingress"] == []
     egress = policy["egress"]
-    tuner_rule, peers_rule, dns_rule, mirror_rule = egress
+    tuner_rule, dns_rule, mirror_rule = egress
     assert tuner_rule["to"][0]["podSelector"]["matchLabels"][
         "app.kubernetes.io/component"] == "tuner"
-    assert peers_rule == {"to": [{"podSelector": {"matchLabels": trial}}],
-                          "ports": [{"protocol": "TCP", "port": TF_PORT}]}
     # DNS to any destination (cluster DNS or NodeLocal DNSCache), UDP and TCP.
     assert "to" not in dns_rule
     assert {(p["protocol"], p["port"]) for p in dns_rule["ports"]} == {("UDP", 53),
@@ -300,14 +299,14 @@ def test_trials_reach_the_tuner_each_other_dns_and_the_mirror() -> None:
 def test_kueue_and_serving_follow_the_gpu_types() -> None:
     objects = render(example_values())
     flavors = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ResourceFlavor"}
-    assert flavors[f"{RELEASE}-a100"]["spec"]["nodeLabels"] == {
+    assert flavors[f"{PC}-a100"]["spec"]["nodeLabels"] == {
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
-    cq = find(objects, "ClusterQueue", "tunehub")["spec"]
+    cq = find(objects, "ClusterQueue", PC)["spec"]
     assert cq["cohortName"] == "research-gpus"
     gpu_group = next(g for g in cq["resourceGroups"] if g["coveredResources"] == ["nvidia.com/gpu"])
     # Older GPUs first (generation order), quotas from the values.
     assert [(f["name"], f["resources"][0]["nominalQuota"]) for f in gpu_group["flavors"]] == [
-        (f"{RELEASE}-t4", 8), (f"{RELEASE}-a100", 16)]
+        (f"{PC}-t4", 8), (f"{PC}-a100", 16)]
     # Serving's labels follow the registry, not the values: tests/test_helm_serving.py.
 
 
@@ -391,7 +390,7 @@ def test_a_changed_priority_value_is_a_new_class_not_an_immutable_patch() -> Non
     for name in before.keys() & after.keys():  # same name: identical immutable fields
         assert (before[name]["value"], before[name]["preemptionPolicy"]) == (
             after[name]["value"], after[name]["preemptionPolicy"]), name
-    assert f"{RELEASE}-notebook-2000" in after and f"{RELEASE}-notebook-1000" not in after
+    assert f"{PC}-notebook-2000" in after and f"{PC}-notebook-1000" not in after
     # Helm keeps the old class: Jobs made before the upgrade still name it for new pods.
     for pc in before.values():
         assert pc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -404,8 +403,8 @@ def test_existing_priority_classes_are_used_instead(tmp_path: Path,
                                  "notebook": {"value": 1000, "name": "interactive"}}
     objects, _, c = rendered_hub_config(values, tmp_path, monkeypatch)
     created = {o["metadata"]["name"] for o in objects if o["kind"] == "PriorityClass"}
-    assert created == {f"{RELEASE}-sweep-high-500", f"{RELEASE}-sweep-normal-100",
-                       f"{RELEASE}-sweep-low-10"}
+    assert created == {f"{PC}-sweep-high-500", f"{PC}-sweep-normal-100",
+                       f"{PC}-sweep-low-10"}
     assert pod_specs(objects)[f"{RELEASE}-hub"]["priorityClassName"] == "platform-critical"
     assert c.TunehubKubeSpawner.priority_class_name == "interactive"
 
@@ -429,7 +428,7 @@ def test_kueue_objects_are_current_kueue_api_field_by_field() -> None:
         assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta2"
         assert kueue_errors(obj) == []
     # The vendored schema is strict: v1beta1's `cohort` is not a v1beta2 field.
-    cq = find(objects, "ClusterQueue", "tunehub")
+    cq = find(objects, "ClusterQueue", PC)
     old = {**cq, "spec": {**cq["spec"], "cohort": "research-gpus"}}
     assert any("cohort" in e for e in kueue_errors(old))
     lq = find(objects, "LocalQueue", "tunehub")
@@ -455,14 +454,15 @@ def test_existing_cluster_queue_mode_creates_only_a_local_queue(
 def test_emulated_kueue_serves_v1beta2_only_and_takes_the_charts_objects(kube: Any) -> None:
     """The emulator's Kueue is a current Kueue: the chart's objects are accepted as they are,
     v1beta1 is not served, and a field v1beta2 lacks is refused."""
-    from tests.kube.client import ApiFailure
+    from kubesim.client import ApiFailure
 
     objects = render(example_values(), namespace=kube.namespace)
     for obj in objects:
         if obj["kind"] in KUEUE_KINDS:
             kube.create(obj)
     assert {o["metadata"]["name"] for o in kube.objects(
-        "clusterqueues", group="kueue.x-k8s.io", version="v1beta2")} == {"tunehub"}
+        "clusterqueues", group="kueue.x-k8s.io", version="v1beta2")} == {
+            cluster_prefix(kube.namespace)}
     r = httpx.get(f"{kube.url}/apis/kueue.x-k8s.io/v1beta1/clusterqueues", timeout=10)
     assert r.status_code == 404
     with pytest.raises(ApiFailure) as refused:

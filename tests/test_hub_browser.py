@@ -6,8 +6,11 @@ that sweep."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.hub_fixtures import Platform
+from tests import readme
+from tests.hub_fixtures import REPO, Platform
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -24,13 +29,11 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-CELL = """\
-import os, tuner
-sweep = tuner.Sweep.submit(os.path.join(os.environ["TUNEHUB_DATA"], "digits", "sweep.yaml"),
-                           trials=3, env={"DIGITS_EPOCHS": "3"})
-sweep.watch()
+#: Run after the README's cell, in the same kernel: what the test reads back.
+CHECK_CELL = """\
 print("SWEEP-DONE", sweep.id, sweep.state, sweep.best["number"], len(sweep.trials()))
 """
+NEWS_PROMPT = "official Jupyter news"
 
 
 @pytest.fixture
@@ -68,9 +71,12 @@ def hub_api(page: Any, method: str, path: str, body: Any = None) -> tuple[int, A
     ))
 
 
-def test_notebook_cell_submits_a_sweep_and_the_sweeps_page_shows_it(
-    platform: Platform, browser: Any, tmp_path: Path
+def test_the_readme_quick_start_as_written(
+    readme_platform: Platform, browser: Any, tmp_path: Path
 ) -> None:
+    """The README followed word for word on a fresh home with no ``TUNEHUB_*`` variable: its
+    ``make up``, its notebook cell typed into JupyterLab, the Sweeps page."""
+    platform = readme_platform
     platform.start()
     assert platform.password, platform.output
     page = browser.new_page()
@@ -92,7 +98,10 @@ def test_notebook_cell_submits_a_sweep_and_the_sweeps_page_shows_it(
     )
     editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
     editor.click()
-    page.keyboard.insert_text(CELL)
+    page.keyboard.insert_text(readme.notebook_cell())
+    page.keyboard.press("Shift+Enter")
+    page.locator(".jp-Notebook .jp-Cell .cm-content").nth(1).click()
+    page.keyboard.insert_text(CHECK_CELL)
     page.keyboard.press("Shift+Enter")
     outputs = page.locator(".jp-OutputArea-output")
     outputs.filter(has_text=re.compile(r"SWEEP-DONE \d|Error")).first.wait_for(timeout=600_000)
@@ -100,19 +109,27 @@ def test_notebook_cell_submits_a_sweep_and_the_sweeps_page_shows_it(
     assert re.search(r"SWEEP-DONE \d", text), text[-3000:]
     fields = text.split("SWEEP-DONE ", 1)[1].split()
     sweep_id, state, best, n_trials = int(fields[0]), fields[1], int(fields[2]), int(fields[3])
-    assert state == "completed" and n_trials == 3 and 0 <= best < 3
+    trials = int(re.search(r"trials=(\d+)", readme.notebook_cell()).group(1))  # type: ignore[union-attr]
+    assert state == "completed" and n_trials == trials and 0 <= best < trials
+    # watch() ran to the end, sweep.plot() drew its figures, and nobody asked about news.
+    assert f"{trials}/{trials}" in text, text[-3000:]
     page.screenshot(path=str(tmp_path / "lab.png"))
+    # The title plotly draws in the figure (an SVG text): there only if the plot rendered.
+    page.get_by_text("Optimization History Plot").first.wait_for(timeout=60_000)
+    assert page.get_by_text(NEWS_PROMPT).count() == 0
 
     # The sweeps page (behind the hub login) lists the sweep, its trials and the model.
     page.goto(f"{platform.url}services/tuner/#sweep={sweep_id}")
     page.locator(f"#sweeps tr[data-sweep-id='{sweep_id}']").wait_for()
     assert "completed" in page.locator(f"#sweeps tr[data-sweep-id='{sweep_id}']").inner_text()
-    page.locator("#trials tbody tr").nth(2).wait_for()
-    assert page.locator("#trials tbody tr").count() == 3
+    page.locator("#trials tbody tr").nth(trials - 1).wait_for()
+    assert page.locator("#trials tbody tr").count() == trials
     page.locator("#history-chart .plot-container").wait_for()
     model_row = page.locator("#models tr[data-model='digits'][data-version='1']")
     model_row.wait_for()
     assert "production" in model_row.inner_text()
+    # The GPU pool section (everyone's holders) rendered too: the models come after it.
+    assert "GPUs held" in page.locator("#pool-summary").inner_text()
     page.screenshot(path=str(tmp_path / "sweeps.png"), full_page=True)
 
     # A second user, created on the Accounts page, sees none of it and cannot cancel it.
@@ -148,4 +165,49 @@ def test_notebook_cell_submits_a_sweep_and_the_sweeps_page_shows_it(
         f"""fetch('{api}sweeps/{sweep_id}', {{headers: {{'X-XSRFToken':
             document.querySelector('meta[name="xsrf-token"]').content}}}}).then(r => r.json())""")
     assert admin_api["state"] == "completed"
-    assert platform.stop() == 0
+    platform.stop()
+
+
+def test_the_readme_demo_and_serve_as_written(tmp_path: Path) -> None:
+    """The README's ``make demo`` row: the demo, then its serve command, then the predict
+    route it names, each as written, from the checkout, with no ``TUNEHUB_*`` variable set and
+    a fresh home."""
+    home = tmp_path / "person"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEHUB_")}
+    env["HOME"] = str(home)
+    if os.geteuid() == 0:
+        (home / ".tunehub").mkdir()  # root's default is this when it exists, else /var/lib
+    row = readme.entry_point("make demo")
+    demo = subprocess.run(["bash", "-c", "make demo"], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=900)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert re.search(r"promoted|production", demo.stdout), demo.stdout[-3000:]
+    serve_cmd, route = readme.commands_in(row)[:2]
+    method, path = route.split()
+    server = subprocess.Popen(["bash", "-c", serve_cmd], cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        assert server.stdout is not None
+        said = ""
+        for line in server.stdout:
+            said += line
+            if "Ctrl-C stops" in line:
+                break
+        found = re.search(r"http://\S+:predict", said)
+        assert found and found.group(0).endswith(path), said
+        url = found.group(0)
+
+        def answered() -> httpx.Response | None:
+            try:
+                return httpx.request(method, url, json={"instances": [[0.0] * 64]}, timeout=60)
+            except httpx.TransportError:
+                return None  # not listening yet
+
+        r = wait_for(answered, timeout=120, what="tunehub model serve to answer")
+        assert r.status_code == 200, r.text
+        assert len(r.json()["predictions"][0]) == 10  # one probability per digit
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        server.wait(timeout=60)

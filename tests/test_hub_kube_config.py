@@ -53,6 +53,14 @@ def parse_manifests(out: dict[str, str]) -> list[dict[str, Any]]:
     return objects
 
 
+def cluster_prefix(namespace: str = NAMESPACE, release: str = RELEASE) -> str:
+    """The chart's prefix of cluster-scoped names (``tunehub.clusterPrefix``): the fullname
+    and a digest of namespace/release, unique per install."""
+    import hashlib
+
+    return f"{release}-{hashlib.sha256(f'{namespace}/{release}'.encode()).hexdigest()[:8]}"
+
+
 def render(values: dict[str, Any] | None = None, namespace: str = NAMESPACE,
            release: str = RELEASE) -> list[dict[str, Any]]:
     """Every object the chart renders with ``values`` (schema-checked by Helm)."""
@@ -261,10 +269,10 @@ async def test_notebook_pod_manifest_is_valid_and_carries_the_profile(
     assert nb["image"] == "registry.example.com/tunehub/notebook:0.1.0-tf2.17"
     # The image's CMD named, so tunehub's server arguments are not dropped by KubeSpawner.
     assert nb["args"][0] == "jupyterhub-singleuser"
-    assert "--ServerApp.jpserver_extensions={'hub.busy_activity': True}" in nb["args"]
+    assert "--ServerApp.jpserver_extensions={'hub.singleuser.busy_activity': True}" in nb["args"]
     assert nb["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
-    assert spec["priorityClassName"] == "tunehub-notebook-1000"
+    assert spec["priorityClassName"] == f"{cluster_prefix(NAMESPACE)}-notebook-1000"
     assert spec["automountServiceAccountToken"] is False
     assert spec["enableServiceLinks"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -385,7 +393,7 @@ async def test_spawn_on_the_emulated_cluster_lands_on_the_chosen_gpu_type(
 
     import httpx
 
-    from tests.kube.waiting import eventually
+    from kubesim.waiting import eventually
 
     values = example_values()
     values["data"]["mountPath"] = str(kube.data_dir)  # the harness exposes claims in place
@@ -409,7 +417,8 @@ async def test_spawn_on_the_emulated_cluster_lands_on_the_chosen_gpu_type(
         assert url.port == port
         pod = kube.get("pods", spawner.pod_name, namespace=kube.namespace)
         assert pod["spec"]["nodeName"] == "gpu-a100-0"
-        assert pod["spec"]["priority"] == values_priority(objects, "tunehub-notebook-1000")
+        notebook_class = f"{cluster_prefix(kube.namespace)}-notebook-1000"
+        assert pod["spec"]["priority"] == values_priority(objects, notebook_class)
         assert (kube.data_dir / "users" / "rita").is_dir()
 
         async def answers() -> bool:
@@ -504,7 +513,7 @@ def test_first_admin_comes_from_the_secret_and_follows_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The chart passes the admin Secret as TUNEHUB_ADMIN_*; every hub start makes the account
     match it, so rotating the Secret is how a lost password is replaced."""
-    from hub.accounts import AccountStore
+    from tunehub_base.accounts import AccountStore
 
     objects = render(example_values())
     env = hub_env(objects)
@@ -539,7 +548,7 @@ def test_first_admin_comes_from_the_secret_and_follows_it(
 
 def test_jupyterlab_news_is_off_unless_asked_for(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from hub.kube import NO_LAB_NEWS_ARGS
+    from hub.notebook import NO_LAB_NEWS_ARGS
 
     _, _, c = rendered_hub_config(example_values(), tmp_path, monkeypatch)
     assert set(NO_LAB_NEWS_ARGS) <= set(c.Spawner.args)

@@ -2,7 +2,7 @@
 ``jupyterhub_config.py`` from what the Helm chart gives the hub pod (the rendered hub values
 Secret and the hub Deployment's environment, its secrets resolved from the rendered Secrets),
 behind configurable-http-proxy started as the chart's proxy Deployment starts it, spawns notebook
-pods on the Kubernetes API emulator (``tests/kube``: schema validation, scheduler, a kubelet
+pods on the Kubernetes API emulator (``kubesim``: schema validation, scheduler, a kubelet
 stand-in that runs the pod's command as a local process).
 
 Only what the emulator cannot provide differs from a cluster, in :data:`HUB_OVERRIDES` and
@@ -32,8 +32,8 @@ import httpx
 import pytest
 import yaml
 
+from kubesim import KubeCluster
 from tests.chart_security import HUB_ACCOUNT, hub_kubeconfig, install_chart_security
-from tests.kube import KubeCluster
 from tests.oidc_provider import OidcProvider
 from tests.polling import wait_for
 from tests.service_fixtures import free_port
@@ -311,7 +311,7 @@ def test_cpu_notebook_pod_starts_and_answers_through_the_proxy(
     # added to, not replacing, the hub's.
     assert "command" not in nb
     assert nb["args"][0] == "jupyterhub-singleuser"
-    assert "--ServerApp.jpserver_extensions={'hub.busy_activity': True}" in nb["args"]
+    assert "--ServerApp.jpserver_extensions={'hub.singleuser.busy_activity': True}" in nb["args"]
     env = {e["name"]: e.get("value") for e in nb["env"]}
     assert env["TUNEHUB_API_URL"] == "http://tunehub-tuner:8082/services/tuner/"
     assert env["TUNEHUB_DATA"] == str(kube.data_dir)

@@ -21,7 +21,8 @@ from tornado.websocket import websocket_connect
 
 from tests.hub_fixtures import Platform
 from tests.polling import wait_for
-from tuner.unix_users import closed_ancestors, grant_passage, revoke_passage
+from tunehub_base.gpu_holders import HolderBook
+from tunehub_base.unix_users import closed_ancestors, grant_passage, revoke_passage
 
 pytestmark = [pytest.mark.slow]
 
@@ -160,6 +161,11 @@ def test_idle_gpu_servers_are_culled_first_and_busy_kernels_are_not_idle(
     # gpu-busy would look idle for longer than gpu-idle and go in the same culler pass.
     hub.start_server("gpu-idle", "gpu-1")
     started = time.monotonic()
+    # Everyone sees who holds them: each notebook server named as its GPU's holder.
+    book = HolderBook(platform.home / "gpu-locks")
+    holders = {r["holder"]["person"]: r for r in book.pool(["0", "1"]) if r["holder"]}
+    assert sorted(holders) == ["gpu-busy", "gpu-idle"], book.pool(["0", "1"])
+    assert {r["holder"]["kind"] for r in holders.values()} == {"notebook"}
 
     # Both GPUs are held: a third GPU server is refused with the reason (400, not a 500).
     r = hub.client.post("hub/api/users/gpu-late/server", json={"profile": "gpu-1"})
@@ -171,8 +177,11 @@ def test_idle_gpu_servers_are_culled_first_and_busy_kernels_are_not_idle(
     assert (hub.server("gpu-busy") or {}).get("ready"), "a busy kernel's server was culled"
     assert (hub.server("cpu-idle") or {}).get("ready"), "a CPU server went at the GPU timeout"
 
-    # The culled server's GPU is back in the pool.
+    # The culled server's GPU is back in the pool, its time in the ledger.
+    assert [i["person"] for i in book.intervals()] == ["gpu-idle"]
     hub.start_server("gpu-late", "gpu-1")
+    held = {r["holder"]["person"] for r in book.pool(["0", "1"]) if r["holder"]}
+    assert held == {"gpu-busy", "gpu-late"}
 
 
 def test_a_server_whose_user_cannot_run_python_says_why(platform: Platform) -> None:

@@ -16,7 +16,7 @@ import pytest
 import tornado.web
 import tornado.websocket
 
-from tests.kube.waiting import eventually
+from kubesim.waiting import eventually
 from tests.service_fixtures import free_port
 
 SUBPROTOCOL = "v1.kernel.websocket.jupyter.org"

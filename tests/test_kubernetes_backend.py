@@ -1,5 +1,5 @@
 """The Kubernetes backend: its manifests against the Kubernetes OpenAPI schema, and the backend
-against the API emulator + kubelet stand-in (tests/kube), whose pods run as local processes."""
+against the API emulator + kubelet stand-in (kubesim), whose pods run as local processes."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
+from kubesim import KubeCluster
+from kubesim.rbac import grant
+from kubesim.waiting import eventually
 from tests.chart_security import TUNER_ACCOUNT, install_chart_security, tuner_kubeconfig
-from tests.kube import KubeCluster
-from tests.kube.rbac import grant
-from tests.kube.waiting import eventually
+from tunehub_base.gpu_names import GpuNames
 from tuner.backends._base import TrialEvent, TrialLaunch
 from tuner.backends.kubernetes import GpuType, KubernetesBackend, KubeSettings
 from tuner.backends.kubernetes import manifests as m
-from tuner.gpu_names import GpuNames
+from tuner.sdk.training import ENV_TOKEN
 from tuner.spec import Resources, SpecError, SweepSpec
-from tuner.trial import ENV_TOKEN
 
 K8S_VERSION = "1.30"
 GPU_TYPES = [
@@ -96,13 +96,16 @@ def test_job_manifest_is_valid_and_locked_down(tmp_path: Path) -> None:
     assert env[ENV_TOKEN]["valueFrom"]["secretKeyRef"] == {
         "name": "tunehub-s3-t7-a1-token", "key": "token"}
     assert "s3cret" not in json.dumps(job)
-    # Only the shared datasets (read-only) and its own sweep: not the whole volume, which
-    # holds tunehub's home (everyone's sweeps), the registry and other users' areas.
+    # Only the shared datasets and its sweep's code (read-only) and its own directory: not
+    # the whole volume, which holds tunehub's home (everyone's sweeps), the registry and other
+    # users' areas, nor its sweep's directory, whose parts the tuner reads.
     assert ctr["volumeMounts"] == [
         {"name": "data", "mountPath": str(tmp_path / "datasets"), "subPath": "datasets",
          "readOnly": True},
-        {"name": "data", "mountPath": str(tmp_path / ".tunehub/sweeps/3"),
-         "subPath": ".tunehub/sweeps/3"},
+        {"name": "data", "mountPath": str(tmp_path / ".tunehub/sweeps/3/code"),
+         "subPath": ".tunehub/sweeps/3/code", "readOnly": True},
+        {"name": "data", "mountPath": str(tmp_path / ".tunehub/sweeps/3/trials/7"),
+         "subPath": ".tunehub/sweeps/3/trials/7"},
     ]
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "none"  # a CPU trial sees no GPU
     assert pod["volumes"] == [{"name": "data", "persistentVolumeClaim": {
@@ -277,8 +280,10 @@ async def test_trial_job_runs_and_succeeds(
     assert secret is not None and secret["metadata"]["ownerReferences"][0]["name"] == (
         "tunehub-s3-t1-a1")
     counts = kube_env.counters.snapshot()
-    assert kube_env.counters.writes() == 2, counts  # the Job and its Secret, nothing else
+    # The Job, its Secret and its NetworkPolicy (its network island), nothing else.
+    assert kube_env.counters.writes() == 3, counts
     assert counts[("create", "jobs")] == counts[("create", "secrets")] == 1
+    assert counts[("create", "networkpolicies")] == 1
     await be.cleanup(3)
     await eventually(_gone(kube_env, "jobs", "tunehub-s3-t1-a1"), 30, "the Job to be deleted")
 
@@ -454,7 +459,7 @@ async def test_multi_worker_trial_through_kueue_starts_as_a_gang(
         pods = kube_env.objects("pods", label_selector=f"{m.TRIAL_LABEL}=1")
         assert {p["spec"]["nodeName"] for p in pods} == {"gpu-t4-0"}
         # The Service's per-pod names (job-i.job:2222), as the emulated pod network resolves
-        # them for the pods' processes: each pod's own address (tests.kube.podnet).
+        # them for the pods' processes: each pod's own address (kubesim.podnet).
         assert configs[0]["cluster"] == configs[1]["cluster"]
         ips = {h.rsplit(":", 1)[0] for h in configs[0]["cluster"]["worker"]}
         assert ips == {p["status"]["podIP"] for p in pods} and len(ips) == 2
@@ -664,8 +669,8 @@ async def test_preempted_low_priority_trial_is_rerun_by_its_job(
 @pytest.mark.parametrize("n", [1, 5])
 async def test_api_requests_per_trial_are_constant(
         backend: tuple[KubernetesBackend, Events], kube_env: KubeCluster, n: int) -> None:
-    """Watching, not polling: each trial costs the same writes (Job, Secret, delete at
-    cleanup) and reads (its log, once), however many run at once."""
+    """Watching, not polling: each trial costs the same writes (Job, Secret, NetworkPolicy,
+    delete at cleanup) and reads (its log, once), however many run at once."""
     be, events = backend
     kube_env.counters.reset()
     for trial in range(1, n + 1):
@@ -674,8 +679,9 @@ async def test_api_requests_per_trial_are_constant(
         assert (await events.final(trial)).kind == "succeeded"
     await be.cleanup(3)
     counts = kube_env.counters.snapshot()
-    assert kube_env.counters.writes() == 3 * n, counts
+    assert kube_env.counters.writes() == 4 * n, counts
     assert counts[("create", "jobs")] == counts[("delete", "jobs")] == n, counts
+    assert counts[("create", "networkpolicies")] == n, counts
     assert counts[("get", "pods/log")] == n, counts
     assert counts.get(("get", "jobs"), 0) == 0 and counts.get(("get", "pods"), 0) == 0, counts
 

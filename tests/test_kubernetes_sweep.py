@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kubesim import KubeCluster
 from tests.conftest import REPO
-from tests.kube import KubeCluster
 from tests.polling import wait_for
 from tests.sweeps_helpers import kube_cli_home, parse_json, run_on_kubernetes, write_sweep
 
@@ -115,15 +115,15 @@ async def test_restarted_service_adopts_running_jobs(
 
     from tornado.httpserver import HTTPServer
 
-    from tests.kube.waiting import eventually
+    from kubesim.waiting import eventually
     from tests.service_fixtures import free_port
+    from tunehub_base.settings import load_settings
     from tuner.api import make_app
     from tuner.backends import make_backend
-    from tuner.controller import Engine
     from tuner.db import Database, Trial
-    from tuner.settings import load_settings
+    from tuner.scheduling.host import SweepHost
     from tuner.spec import SweepSpec
-    from tuner.sweeps import SweepStore, local_actor
+    from tuner.sweep_store import SweepStore, local_actor
 
     # The chart's tuner identity and cluster set-up, as for the CLI sweeps.
     monkeypatch.setenv("KUBECONFIG", kube_cli_home(kube, tmp_path).extra_env["KUBECONFIG"])
@@ -141,10 +141,10 @@ async def test_restarted_service_adopts_running_jobs(
         make_backend("kubernetes", settings))).id
     port = free_port()
 
-    async def service() -> tuple[Engine, HTTPServer]:
+    async def service() -> tuple[SweepHost, HTTPServer]:
         """What ``python -m tuner.service`` builds: an engine reachable at a fixed URL."""
         backend = make_backend("kubernetes", settings)
-        engine = Engine(db, settings, {"kubernetes": backend}, f"http://127.0.0.1:{port}/",
+        engine = SweepHost(db, settings, {"kubernetes": backend}, f"http://127.0.0.1:{port}/",
                         stable_api_url=True)
         server = HTTPServer(make_app(engine))
         server.listen(port, "127.0.0.1")

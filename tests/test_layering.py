@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.service_fixtures import running_tuner_hub
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("optuna", "sqlalchemy", "tuner.api", "tuner.db", "tuner.study", "tuner.sweeps")
+HEAVY = ("optuna", "sqlalchemy", "tuner.api", "tuner.db", "tuner.search.study", "tuner.sweep_store")
 READ_SUBMIT = ["custom:tuner:read", "custom:tuner:submit", "access:services!service=tuner"]
 
 #: Prints which of HEAVY are loaded, as JSON, under a label (``loaded("after import")``).
@@ -48,7 +48,7 @@ def test_hub_does_not_load_the_tuner_api() -> None:
         import importlib, pkgutil
         from traitlets.config import Config
         import hub.scopes, hub.tuner_service
-        from tuner.settings import load_settings
+        from tunehub_base.settings import load_settings
         c = Config()
         hub.scopes.configure(c, "tuner", ["admin"])
         settings = load_settings()
@@ -126,15 +126,200 @@ def _environment_reads(path: Path) -> set[str]:
 
 
 def test_only_settings_reads_where_state_lives() -> None:
-    """``tuner/settings.py``'s promise: the state variables are read there (and by the trial
+    """``tunehub_base/settings.py``'s promise: the state variables are read there (and by the trial
     SDK's ``data_dir``, which falls back to it), nowhere else."""
-    from tuner.settings import STATE_VARS
+    from tunehub_base.settings import STATE_VARS
 
     readers: dict[str, set[str]] = {}
     for path in sorted([*(REPO / "tuner").rglob("*.py"), *(REPO / "hub").rglob("*.py"),
-                        REPO / "jupyterhub_config.py"]):
+                        *(REPO / "tunehub_base").rglob("*.py"), REPO / "jupyterhub_config.py"]):
         for name in _environment_reads(path) & set(STATE_VARS):
             readers.setdefault(name, set()).add(str(path.relative_to(REPO)))
-    assert readers.pop("TUNEHUB_DATA") == {"tuner/settings.py", "tuner/trial.py"}
-    assert readers == {name: {"tuner/settings.py"} for name in STATE_VARS
+    assert readers.pop("TUNEHUB_DATA") == {"tunehub_base/settings.py", "tuner/sdk/training.py"}
+    assert readers == {name: {"tunehub_base/settings.py"} for name in STATE_VARS
                        if name != "TUNEHUB_DATA"}
+
+
+# --- the floors and the arrows, read from the source -----------------------------------------
+
+PACKAGES = ("tunehub_base", "hub", "tuner")
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of our packages by dotted name (a package by its ``__init__``)."""
+    found = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            if "migrations" in path.parts:  # Alembic's scripts, loaded by Alembic
+                continue
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _imported(module: str, path: Path, node: ast.Import | ast.ImportFrom,
+              modules: dict[str, Path]) -> set[str]:
+    """The dotted names an import statement names (``from a import b``: ``a.b`` when that is a
+    module, else ``a``)."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    base = node.module or ""
+    if node.level:
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+    return {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+
+
+def _all_imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Everything the module imports anywhere: at module level, in functions, for types."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= _imported(module, path, node, modules)
+    return names
+
+
+def _load_time_imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """What importing the module imports: statements at module level (in ``if`` and ``try``
+    too), not in functions, and not under ``if TYPE_CHECKING``."""
+    names: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update(_imported(module, path, node, modules))
+            elif isinstance(node, ast.If):
+                test = node.test
+                if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+                    walk(node.orelse)
+                else:
+                    walk(node.body)
+                    walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                for handler in node.handlers:
+                    walk(handler.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+
+    walk(ast.parse(path.read_text()).body)
+    return names
+
+
+def _ours(name: str, modules: dict[str, Path]) -> str | None:
+    """The module of ours ``name`` is or lies in (``tuner.spec.SweepSpec`` -> ``tuner.spec``)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_tuner_never_imports_the_hub() -> None:
+    modules = _modules()
+    found = sorted(
+        f"{module} imports {name}"
+        for module, path in modules.items() if _top(module) == "tuner"
+        for name in _all_imports(module, path, modules) if _top(name) == "hub"
+    )
+    assert found == []
+
+
+def test_the_floor_imports_neither_hub_nor_tuner() -> None:
+    modules = _modules()
+    assert any(_top(m) == "tunehub_base" for m in modules)
+    found = sorted(
+        f"{module} imports {name}"
+        for module, path in modules.items() if _top(module) == "tunehub_base"
+        for name in _all_imports(module, path, modules) if _top(name) in ("hub", "tuner")
+    )
+    assert found == []
+
+
+def test_the_lifecycle_imports_nothing_that_schedules() -> None:
+    """States and the ledger sit below scheduling: the controller, attempts and recovery
+    call the ledger, never the other way round (no arrow back up)."""
+    modules = _modules()
+    assert any(m.startswith("tuner.lifecycle.") for m in modules)
+    found = sorted(
+        f"{module} imports {name}"
+        for module, path in modules.items() if module.startswith("tuner.lifecycle.")
+        for name in _all_imports(module, path, modules)
+        if name.startswith(("tuner.scheduling", "tuner.backends", "tuner.api"))
+    )
+    assert found == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle() -> None:
+    """No module imports, at load time, one that imports it back (directly or around a
+    circle). A submodule's implicit import of its own package is not an arrow."""
+    modules = _modules()
+    graph = {
+        module: {dep for name in _load_time_imports(module, path, modules)
+                 if (dep := _ours(name, modules)) is not None and dep != module}
+        for module, path in modules.items()
+    }
+    # The check sees arrows at all: the controller's host imports the controller.
+    assert "tuner.scheduling.controller" in graph["tuner.scheduling.host"]
+    assert _cycles(graph) == []
+    # And a circle, were there one, is found.
+    assert _cycles({**graph, "tuner.scheduling.controller": {"tuner.scheduling.host"}})
+
+
+def test_a_function_sweep_stored_before_the_sdk_package_still_runs(tmp_path: Path) -> None:
+    """Sweeps submitted before ``tuner.sdk`` stored ``python -m tuner.run_function``; resuming
+    one runs that command, so the old module name must still run the shipped function."""
+    import cloudpickle
+
+    out = tmp_path / "ran.json"
+
+    def objective(params: dict[str, float]) -> float:
+        out.write_text(json.dumps(params))
+        return params["x"] * 2
+
+    (tmp_path / "objective.pkl").write_bytes(cloudpickle.dumps(objective))
+    env = {**os.environ, "TUNEHUB_PARAMS": json.dumps({"x": 0.25})}
+    done = subprocess.run([sys.executable, "-m", "tuner.run_function", "objective.pkl"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == {"x": 0.25}

@@ -39,6 +39,11 @@ def test_trials_get_disjoint_whole_gpus(sqlite_home: Home, tmp_path: Path) -> No
                 overlapping += 1
                 assert a["gpus"] != b["gpus"], (a, b)
     assert overlapping > 0, "parallel trials should have overlapped"
+    # Each attempt's GPU time is in the ledger, under its sweep and its owner.
+    usage = parse_json(sqlite_home.cli("usage", "--since", "2026-01-01", "--json").stdout)
+    assert set(usage["sweep"]) == {str(out["id"])} and usage["sweep"][str(out["id"])] > 0
+    assert list(usage["person"]) == [out["owner"]]
+    assert usage["gpu_hours"] >= sum(r["end"] - r["start"] for r in runs) / 3600
 
 
 def test_two_gpu_trials_with_three_gpus_run_one_at_a_time(

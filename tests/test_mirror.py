@@ -1,4 +1,4 @@
-"""The controller's in-memory study (tuner.mirror) against the database's, on SQLite and
+"""The controller's in-memory study (tuner.search.mirror) against the database's, on SQLite and
 PostgreSQL: equal after asks, reports and tells, equal after a rebuild (a resume), the sampler
 sees every trial with its values, and an ask reads nothing whose size grows with the study."""
 
@@ -16,9 +16,9 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import event
 
-from tuner.mirror import StudyMirror
+from tuner.search.mirror import StudyMirror
+from tuner.search.study import create_study, storage_for
 from tuner.spec import SweepSpec
-from tuner.study import create_study, storage_for
 
 
 def _spec(**extra: Any) -> SweepSpec:

@@ -1,6 +1,6 @@
 """A ``workers: 2`` sweep on the Kubernetes backend, against the API emulator: the trial is an
 Indexed Job of two pods behind a headless Service; each emulated pod has its own loopback
-address and the Service's per-pod names resolve to them (tests.kube.podnet), so the two pods
+address and the Service's per-pod names resolve to them (kubesim.podnet), so the two pods
 train one Keras model with MultiWorkerMirroredStrategy over TCP and the trial reports once."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kubesim import KubeCluster
 from tests.conftest import REPO
-from tests.kube import KubeCluster
 from tests.sweeps_helpers import kube_cli_home, parse_json, run_on_kubernetes
 
 pytestmark = pytest.mark.slow

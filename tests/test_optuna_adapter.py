@@ -1,5 +1,5 @@
 """Upgrade canary: the Optuna behaviour tunehub relies on below Optuna's user-facing API
-(:mod:`tuner.optuna_adapter` lists it). Each test names what changed; when one fails after an
+(:mod:`tuner.search.optuna_adapter` lists it). Each test names what changed; when one fails after an
 Optuna upgrade, re-check the seam it names before widening the range in ``pyproject.toml``."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tuner.optuna_adapter import GridSampler, trial_for
+from tuner.search.optuna_adapter import GridSampler, trial_for
 
 REPO = Path(__file__).resolve().parent.parent
 GRID = {"x": [0.1, 0.2, 0.3]}
@@ -47,8 +47,8 @@ def test_installed_optuna_is_in_the_declared_range() -> None:
 
 
 def test_tpe_arguments_we_pass_are_stable() -> None:
-    """Every TPE sweep passes ``multivariate`` and ``constant_liar`` (``tuner.study``); before
-    Optuna 5.0 both were experimental and warned on every sweep."""
+    """Every TPE sweep passes ``multivariate`` and ``constant_liar`` (``tuner.search.study``);
+    before Optuna 5.0 both were experimental and warned on every sweep."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", optuna.exceptions.ExperimentalWarning)
         optuna.samplers.TPESampler(seed=0, multivariate=True, constant_liar=True)
@@ -107,7 +107,7 @@ def test_trial_for_is_a_handle_on_an_existing_trial() -> None:
 
 
 def test_storage_calls_of_the_mirror(tmp_path: Path) -> None:
-    """What :mod:`tuner.mirror` does with the storage interface: copy a trial asked in memory
+    """What :mod:`tuner.search.mirror` does with the storage interface: copy a trial asked in memory
     into the database study in one insert, find ids by number, add a parameter."""
     db = RDBStorage(f"sqlite:///{tmp_path / 'optuna.sqlite'}")
     optuna.create_study(study_name="db", storage=db)
@@ -138,7 +138,7 @@ def test_storage_calls_of_the_mirror(tmp_path: Path) -> None:
     assert [t.number for t in everything] == [0]
 
 
-ADAPTER = Path("tuner/optuna_adapter.py")
+ADAPTER = Path("tuner/search/optuna_adapter.py")
 
 
 def optuna_private_uses(source: str) -> list[str]:
@@ -213,12 +213,12 @@ def f(trial):
 
 
 def test_only_the_adapter_uses_optuna_below_its_api() -> None:
-    """Everything that leans on Optuna's internals stays in :mod:`tuner.optuna_adapter`, where
-    the tests above pin it; anywhere else an Optuna upgrade would break it silently."""
+    """Everything that leans on Optuna's internals stays in :mod:`tuner.search.optuna_adapter`,
+    where the tests above pin it; anywhere else an Optuna upgrade would break it silently."""
     found = []
     for path in sorted([*REPO.glob("tuner/**/*.py"), *REPO.glob("hub/**/*.py")]):
         rel = path.relative_to(REPO)
         if rel != ADAPTER:
             found += [f"{rel}:{use}" for use in optuna_private_uses(path.read_text())]
-    assert not found, "move these into tuner/optuna_adapter.py:\n" + "\n".join(found)
+    assert not found, "move these into tuner/search/optuna_adapter.py:\n" + "\n".join(found)
     assert optuna_private_uses((REPO / ADAPTER).read_text()), "the scan sees the adapter's seam"

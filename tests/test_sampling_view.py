@@ -1,7 +1,7 @@
-"""TPE on a bounded view of the study (tuner.sampling_view): exactly today's proposals while the
-study is small, and past the bound a view that stays the same size yet holds TPE's whole good
-set, the newest trials and the running ones; constant liar still writes to the real trial, and
-a rebuilt (resumed) study gets the same view."""
+"""TPE on a bounded view of the study (tuner.search.sampling_view): exactly today's proposals while
+the study is small, and past the bound a view that stays the same size yet holds TPE's whole good
+set, the newest trials and the running ones; constant liar still writes to the real trial, and a
+rebuilt (resumed) study gets the same view."""
 
 from __future__ import annotations
 
@@ -14,7 +14,15 @@ from optuna.distributions import FloatDistribution
 from optuna.samplers._tpe.sampler import default_gamma
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.sampling_view import BEST, BOUND, PRUNE_SAMPLE, RECENT, SAMPLE, BoundedPruner, BoundedTPE
+from tuner.search.sampling_view import (
+    BEST,
+    BOUND,
+    PRUNE_SAMPLE,
+    RECENT,
+    SAMPLE,
+    BoundedPruner,
+    BoundedTPE,
+)
 
 DISTS = {"x": FloatDistribution(0.0, 1.0), "y": FloatDistribution(0.0, 1.0)}
 

@@ -14,16 +14,17 @@ from tests.conftest import Home
 from tests.polling import wait_for
 from tests.service_fixtures import TunerHub, free_port
 from tests.serving_helpers import served
+from tests.sweeps_helpers import MINIMAL_SAVED_MODEL
 from tuner.db import Database
-from tuner.registry import Registry
-from tuner.serving_config import CONFIG_NAME
+from tuner.serving.models_config import CONFIG_NAME
+from tuner.serving.registry import Registry
 
 
 def register(registry: Registry, model: str, owner: str, tmp: Path, count: int) -> None:
     """``count`` versions of ``model`` (a SavedModel directory each; not loaded here)."""
     src = tmp / f"src-{model}"
     src.mkdir(exist_ok=True)
-    (src / "saved_model.pb").write_bytes(b"\x08\x01")
+    (src / "saved_model.pb").write_bytes(MINIMAL_SAVED_MODEL)
     for _ in range(count):
         registry.register(model=model, source_dir=src, owner=owner, metric="acc",
                           direction="maximize", metric_value=0.5)

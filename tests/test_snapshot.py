@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.settings import load_settings
+from tunehub_base.settings import load_settings
 from tuner.snapshot import check_service_code, copy_snapshot, snapshot_ignore
 from tuner.spec import SpecError, SweepSpec
 
@@ -38,15 +38,16 @@ def test_service_code_must_be_the_callers_part_of_the_data_store(
     layout: dict[str, Path],
 ) -> None:
     s, data = settings_for(layout), layout["data"]
-    assert check_service_code(str(data / "users" / "alice" / "proj"), s, "alice") == (
+    assert check_service_code(str(data / "users" / "alice" / "proj"), s, "alice").path == (
         data / "users" / "alice" / "proj").resolve()
-    assert check_service_code(str(data / "datasets"), s, "alice") == (data / "datasets")
+    assert check_service_code(str(data / "datasets"), s, "alice").path == (data / "datasets")
     link = data / "users" / "alice" / "sa"
     link.symlink_to(layout["secret"])  # a link inside the data store to the tuner's secrets
     refused = {
         str(layout["secret"]): "outside the data store",
         str(link): "outside the data store",
-        "/var/run/secrets/kubernetes.io/serviceaccount": "does not exist",
+        str(link / "token"): "outside the data store",
+        "/var/run/secrets/kubernetes.io/serviceaccount": "outside the data store",
         "/etc": "outside the data store",
         str(layout["home"]): "tunehub's own state",
         str(layout["home"] / "sweeps" / "7" / "code"): "tunehub's own state",
@@ -61,6 +62,38 @@ def test_service_code_must_be_the_callers_part_of_the_data_store(
             check_service_code(code, s, "alice")
         assert err.value.field == "code" and why in err.value.message, (code, err.value)
         assert str(data) in err.value.message  # says where code may live
+
+
+@pytest.mark.parametrize("layout_name", ["default", "data is the home", "home inside data"])
+def test_state_is_refused_and_the_data_store_allowed_in_every_layout(
+    tmp_path: Path, layout_name: str
+) -> None:
+    """The rule depends on neither default: with only ``TUNEHUB_HOME`` set (the data store is
+    ``$TUNEHUB_HOME/data``), every state directory of the home is refused and the data store,
+    the seeded examples among it, is allowed; a data store that is the home allows nothing of
+    it; a home inside the data store is refused and the rest of the store allowed."""
+    home = tmp_path / "home"
+    env = {"TUNEHUB_HOME": str(home)}
+    if layout_name == "data is the home":
+        env["TUNEHUB_DATA"] = str(home)
+    elif layout_name == "home inside data":
+        home = tmp_path / "data" / ".tunehub"
+        env = {"TUNEHUB_HOME": str(home), "TUNEHUB_DATA": str(tmp_path / "data")}
+    s = load_settings(env).ensure_dirs()
+    state = [s.home, s.sweeps_dir / "3" / "code", s.home / "hub", s.home / "users" / "alice",
+             s.registry / "digits"]
+    for d in [*state, s.examples_dir / "digits", s.data / "users" / "alice" / "proj"]:
+        d.mkdir(parents=True, exist_ok=True)
+    for code in state:
+        with pytest.raises(SpecError, match="tunehub's own state"):
+            check_service_code(str(code), s, "alice")
+    allowed = [s.examples_dir / "digits", s.data / "users" / "alice" / "proj"]
+    for code in allowed:
+        if layout_name == "data is the home":
+            with pytest.raises(SpecError, match="tunehub's own state"):
+                check_service_code(str(code), s, "alice")
+        else:
+            assert check_service_code(str(code), s, "alice").path == code.resolve()
 
 
 def test_snapshot_copies_no_link_leaving_it(layout: dict[str, Path]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tuner.spec import FIELDS, REQUIRED, SpecError, SweepSpec, parse_duration
-from tuner.spec_values import Promote, Resources
+from tuner.spec.values import Promote, Resources
 
 BASE: dict[str, Any] = {
     "name": "digits-mlp",

@@ -1,5 +1,5 @@
-"""The lifecycle's vocabulary and rules (tuner/states.py): no state spelled outside it, every
-transition in its table allowed and every other refused, and the ledger refusing before it
+"""The lifecycle's vocabulary and rules (tuner/lifecycle/states.py): no state spelled outside it,
+every transition in its table allowed and every other refused, and the ledger refusing before it
 writes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.states import (
+from tuner.lifecycle.states import (
     SWEEP_TRANSITIONS,
     TRIAL_TRANSITIONS,
     EventKind,
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORDS = {str(s) for s in (*SweepState, *TrialState, *EventKind)}
 #: The one module that spells states; migrations are frozen history (they must not change
 #: when the code does).
-EXEMPT = {Path("tuner/states.py")}
+EXEMPT = {Path("tuner/lifecycle/states.py")}
 EXEMPT_DIRS = (Path("tuner/db/migrations"),)
 #: Strings that are equal to a state but mean something else, each with what it is.
 NOT_STATES = {
@@ -66,7 +66,7 @@ def test_no_state_literal_outside_the_states_module() -> None:
         for line, word in state_literals(path.read_text()):
             if (rel, word) not in NOT_STATES:
                 found.append(f"{rel}:{line}: {word!r}")
-    assert not found, "use tuner.states instead of spelling a state:\n" + "\n".join(found)
+    assert not found, "use tuner.lifecycle.states instead of spelling a state:\n" + "\n".join(found)
 
 
 def test_states_keep_their_strings() -> None:

@@ -12,13 +12,13 @@ import optuna
 import pytest
 from sqlalchemy import create_engine, text
 
+from tunehub_base.settings import load_settings
 from tuner.backends.instant import InstantBackend
 from tuner.db import Database
-from tuner.settings import load_settings
+from tuner.lifecycle.states import SweepState
+from tuner.search.study import SWEEP_ID_ATTR, storage_for
 from tuner.spec import SweepSpec
-from tuner.states import SweepState
-from tuner.study import SWEEP_ID_ATTR, storage_for
-from tuner.sweeps import Actor, SweepStore
+from tuner.sweep_store import Actor, SweepStore
 
 ALICE = Actor("alice", admin=True)
 

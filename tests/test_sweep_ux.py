@@ -19,9 +19,9 @@ from prometheus_client import REGISTRY
 from tests.conftest import Home
 from tests.sweeps_helpers import parse_json, record_dir, write_sweep
 from tuner.backends._base import TrialEvent, TrialLaunch
-from tuner.backends.imports import external_imports
 from tuner.backends.local import LocalBackend
-from tuner.pruning import EnoughTrialsPruner
+from tuner.backends.local.imports import external_imports
+from tuner.search.pruning import EnoughTrialsPruner
 from tuner.spec import Resources, SweepSpec
 
 # --- warm starts ------------------------------------------------------------------------------

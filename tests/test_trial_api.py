@@ -48,9 +48,10 @@ def test_report_endpoint_checks_tokens_and_input(sqlite_home: Home, tmp_path: Pa
     results = json.loads(record.read_text())
     assert results["ok"] == [200, {"prune": False}]
     assert results["wrong_token"][0] == 401
-    assert "not valid for that trial" in results["wrong_token"][1]["error"]
-    assert results["other_trial"][0] == 404
-    assert results["not_json"] == [400, {"status": 400, "error": "request body is not valid JSON"}]
+    assert "no running attempt of this trial takes this token" in results["wrong_token"][1]["error"]
+    assert results["other_trial"][0] == 401
+    assert results["not_json"] == [400, {"status": 400, "error": "body: not valid JSON",
+                                         "field": "body"}]
     assert results["bad_value"][0] == 400 and results["bad_value"][1]["field"] == "value"
     assert results["bad_step"][0] == 400 and results["bad_step"][1]["field"] == "step"
     assert results["stale_attempt"][0] == 401

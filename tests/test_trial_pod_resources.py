@@ -10,7 +10,15 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.test_hub_kube_config import RELEASE, example_values, find, kube_versions, render
+from tests.test_hub_kube_config import (
+    NAMESPACE,
+    RELEASE,
+    cluster_prefix,
+    example_values,
+    find,
+    kube_versions,
+    render,
+)
 from tuner.backends._base import TrialLaunch
 from tuner.backends.kubernetes import manifests
 from tuner.backends.kubernetes.settings import KubeSettings
@@ -54,7 +62,7 @@ def test_ephemeral_storage_from_the_chart(tmp_path: Path) -> None:
     res = job["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert res["requests"]["ephemeral-storage"] == res["limits"]["ephemeral-storage"] == "20Gi"
     # Kueue admits only what its ClusterQueue covers: the chart's covers ephemeral-storage.
-    cq = find(objects, "ClusterQueue", RELEASE)["spec"]
+    cq = find(objects, "ClusterQueue", cluster_prefix(NAMESPACE))["spec"]
     covered = {r for g in cq["resourceGroups"] for r in g["coveredResources"]}
     assert set(res["limits"]) <= covered | {"nvidia.com/gpu"}
     assert "ephemeral-storage" not in trial_job(tmp_path / "x", 1)["spec"]["template"][

@@ -31,6 +31,7 @@ import pytest
 
 from tests.hub_fixtures import Platform
 from tests.polling import wait_for
+from tests.sweeps_helpers import MINIMAL_SAVED_MODEL
 from tests.test_hub_platform import login_token
 
 pytestmark = [pytest.mark.slow]
@@ -48,11 +49,11 @@ while not gate.exists():
     time.sleep(0.1)
 tuner.report(p["x"])
 """
-QUICK = """\
+QUICK = f"""\
 import os, pathlib, tuner
 model = pathlib.Path(os.environ["TUNEHUB_ARTIFACT_DIR"]) / "model"
 model.mkdir(parents=True, exist_ok=True)
-(model / "saved_model.pb").write_bytes(b"not really a model")
+(model / "saved_model.pb").write_bytes({MINIMAL_SAVED_MODEL!r})
 tuner.report(0.5)
 """
 FAILING = "import sys\nsys.exit(3)\n"
@@ -118,7 +119,9 @@ def world(platform: Platform, tmp_path: Path) -> Iterator[dict[str, Any]]:
         trials = alice("GET", f"sweeps/{sid}/trials").json()
         if trials and trials[0]["state"] in ("failed", "cancelled", "completed"):
             raise AssertionError(f"sweep {sid}'s trial ended: {trials[0]}\n"
-                                 + alice("GET", f"sweeps/{sid}/trials/0/logs").text[-2000:])
+                                 + alice("GET", f"sweeps/{sid}/trials/0/logs").text[-2000:]
+                                 + "\nthe hub's log (the tuner's with it):\n"
+                                 + platform.hub_log())
         return bool(trials) and trials[0]["state"] == "running"
 
     sweeps: dict[str, int] = {}
@@ -128,19 +131,22 @@ def world(platform: Platform, tmp_path: Path) -> Iterator[dict[str, Any]]:
     sweeps["failed"] = submit(spec(code, "broken", "python failing.py"))
     # running: the service's controller, its trial waiting on a gate; it hands us its token.
     token_file = platform.data / "gates" / "token"
-    sweeps["running"] = submit(spec(code, "gated", "python gated.py", env={
+    # One retry each: what this test probes is who may touch a sweep in each state, so an
+    # attempt lost to a fault of the machine (the zygote's log says which, should it happen)
+    # is run again rather than failing the probe; the trial's state is still what is asserted.
+    sweeps["running"] = submit(spec(code, "gated", "python gated.py", max_retries=1, env={
         "GATE": str(gates / "running"), "TOKEN_OUT": str(token_file)}))
     # cancelled: really running, then cancelled by alice.
-    sweeps["cancelled"] = submit(spec(code, "stopped", "python gated.py",
+    sweeps["cancelled"] = submit(spec(code, "stopped", "python gated.py", max_retries=1,
                                       env={"GATE": str(gates / "cancelled")}))
     wait_for(lambda: trial_running(sweeps["cancelled"]), timeout=300, what="a trial to run")
     assert alice("POST", f"sweeps/{sweeps['cancelled']}/cancel").status_code == 200
     # queued and cancelling: submitted as the CLI does (no controller yet).
+    from tunehub_base.settings import load_settings
     from tuner.backends import make_backend
     from tuner.db import Database
-    from tuner.settings import load_settings
     from tuner.spec import SweepSpec
-    from tuner.sweeps import Actor, SweepStore
+    from tuner.sweep_store import Actor, SweepStore
 
     settings = load_settings(platform.env)
     db = Database(settings.db_url)
@@ -221,7 +227,8 @@ def test_every_route_every_state_every_caller(world: dict[str, Any]) -> None:
     sweeps, callers = world["sweeps"], world["callers"]
     owner, admin = callers["owner"], callers["admin"]
     before = {state: snapshot(owner, sid) for state, sid in sweeps.items()}
-    assert before["running"][0] == "running" and before["running"][5] == [("running", 1)]
+    assert before["running"][0] == "running"
+    assert [state for state, _ in before["running"][5]] == ["running"]
     assert before["cancelling"][0] == "cancelling"
     assert before["queued"][0] == "queued" and before["queued"][5] == []
     model_before = owner("GET", "models/alice-model").json()
@@ -286,7 +293,7 @@ def test_every_route_every_state_every_caller(world: dict[str, Any]) -> None:
 
     # Trial tokens: stored only as a hash; valid for their own trial only.
     from tuner.db import Trial
-    from tuner.sweeps import Actor
+    from tuner.sweep_store import Actor
 
     store, trial_token = world["store"], world["trial_token"]
     with store.db.session() as s:
@@ -316,7 +323,7 @@ def test_every_route_every_state_every_caller(world: dict[str, Any]) -> None:
         f"{world['platform'].url}{API}trials/{world['trial_id']}/report",
         headers={"Authorization": f"Bearer {world['trial_token']}"}, json={"value": 1.0},
         timeout=30)
-    assert report.status_code == 404, report.text
+    assert report.status_code == 401, report.text  # as another's: tuner.api.trials.refused
 
     # The resumed (once queued) sweep: its owner cancels it.
     r = owner("POST", f"sweeps/{sweeps['queued']}/cancel")

@@ -1,12 +1,13 @@
 """Kubernetes mode: what a user's sweep can reach, through the real hub and tuner service with
-the Kubernetes backend against the API emulator (tests/kube).
+the Kubernetes backend against the API emulator (kubesim).
 
 The chart's layout puts tunehub's home inside the data volume (``<data>/.tunehub``) beside the
 users' areas, and the tuner pod holds a ServiceAccount token and the database URL. A user's
 ``code`` can name none of them, a link in the code to them is not copied, and the trial's pod
-mounts only the shared datasets and its own sweep, with no ServiceAccount token and none of the
-tuner's settings in its environment. (The emulator runs pods as local processes that see the
-host's filesystem, so the mounts are checked on the Job the tuner created, not by reading.)
+mounts only the shared datasets, its sweep's code and its own trial directory, with no
+ServiceAccount token and none of the tuner's settings in its environment. (The emulator runs
+pods as local processes that see the host's filesystem, so the mounts are checked on the Job
+the tuner created, not by reading.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube import KubeCluster
+from kubesim import KubeCluster
 from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
 
@@ -91,9 +92,11 @@ def test_a_sweep_reaches_no_platform_secret(kube: KubeCluster, tmp_path: Path) -
         pod = jobs[0]["spec"]["template"]["spec"]
         assert pod["automountServiceAccountToken"] is False
         (ctr,) = pod["containers"]
+        sweep = data / ".tunehub" / "sweeps" / str(sid)
         assert [(m["mountPath"], m.get("readOnly", False)) for m in ctr["volumeMounts"]] == [
             (str(data / "datasets"), True),
-            (str(data / ".tunehub" / "sweeps" / str(sid)), False),
+            (str(sweep / "code"), True),
+            (str(sweep / "trials" / "0"), False),
         ]
         names = {e["name"] for e in ctr["env"]}
         assert not {n for n in names if n.startswith("JUPYTERHUB") or n == "KUBECONFIG"}

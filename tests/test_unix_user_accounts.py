@@ -15,8 +15,8 @@ import pytest
 
 from tests.hub_fixtures import system_users_for_test
 from tests.polling import wait_for
-from tuner.backends.ownership import chown_tree
-from tuner.unix_users import MARK, RETIRED_SHELL, UnixUserError, UnixUsers
+from tunehub_base.unix_users import MARK, RETIRED_SHELL, UnixUserError, UnixUsers
+from tuner.backends.local.ownership import chown_tree
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_roots_default_home_is_one_others_can_pass(
 ) -> None:
     """Root's ``~`` is closed to others, so its default home is ``/var/lib/tunehub``; an
     existing ``~/.tunehub`` of root's is kept (its state is not silently left behind)."""
-    from tuner.settings import SYSTEM_HOME, load_settings
+    from tunehub_base.settings import SYSTEM_HOME, load_settings
 
     assert os.geteuid() == 0, "this test needs root (the suite runs as root on this machine)"
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -131,7 +131,7 @@ def test_roots_default_home_is_one_others_can_pass(
 def test_up_finds_what_people_cannot_reach_and_names_the_closed_directory(
     users: UnixUsers,
 ) -> None:
-    from tuner.unix_users import unreachable
+    from tunehub_base.unix_users import unreachable
 
     gid = users.group_id()
     open_dir = users.homes.parent / "shared"
@@ -167,7 +167,7 @@ def test_passage_given_to_platforms_at_once_is_taken_back_one_by_one(users: Unix
     then failed to start with an HTTP 500, "Permission denied" running Python)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tuner.unix_users import grant_passage, revoke_passage, unreachable
+    from tunehub_base.unix_users import grant_passage, revoke_passage, unreachable
 
     closed = users.homes.parent / "private"
     closed.mkdir()

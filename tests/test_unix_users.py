@@ -23,9 +23,9 @@ from tornado.websocket import websocket_connect
 from tests.hub_fixtures import Platform
 from tests.polling import wait_for
 from tests.test_hub_platform import Hub, login_token
+from tunehub_base.unix_users import RETIRED_SHELL, UnixUsers
 from tuner.cli.errors import CliError
 from tuner.cli.isolation import SHARED_NOTE, decide
-from tuner.unix_users import RETIRED_SHELL, UnixUsers
 
 pytestmark = [pytest.mark.slow]
 

@@ -4,6 +4,8 @@ function sent from a notebook starts warm with the modules its pickle names prel
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import io
 import json
 import os
@@ -16,9 +18,12 @@ import yaml
 
 from tests.conftest import Home
 from tests.sweeps_helpers import parse_json, record_dir, write_sweep
-from tuner.backends.pickled_imports import pickled_imports
-from tuner.backends.warm import preload_for
-from tuner.run_function import COMMAND, FUNCTION_FILE
+from tuner.backends import TrialEvent, TrialLaunch
+from tuner.backends.local import LocalBackend
+from tuner.backends.local.pickled_imports import pickled_imports
+from tuner.backends.local.warm import preload_for
+from tuner.sdk.run_function import COMMAND, FUNCTION_FILE
+from tuner.spec import Resources
 
 PROBE = """
 import json, os, random, sys, pathlib, tuner
@@ -54,7 +59,7 @@ def test_warm_trials_are_isolated(sqlite_home: Home, tmp_path: Path) -> None:
     assert all(states[x][0] == "completed" for x in (0.2, 0.3, 0.4))
     parents = {r["ppid"] for r in runs.values()}
     assert len(parents) == 1, "all trials fork from one warm process"
-    assert "tuner.backends.zygote_process" in runs[0]["parent"]
+    assert "tuner.backends.local.zygote_process" in runs[0]["parent"]
     assert len({r["pid"] for r in runs.values()}) == 4, "each trial is its own process"
     assert all(r["leaked"] is None for r in runs.values()), "no state carried over"
     assert len({r["random"] for r in runs.values()}) == 4, "random state reseeded per trial"
@@ -160,3 +165,28 @@ def test_preload_reads_only_the_snapshot_owners_files(tmp_path: Path) -> None:
     assert not {"numpy", "jinja2"} & set(preload_for(code, function, "auto", stranger))
     # A FIFO named like a module is skipped at once, never waited on.
     assert preload_for(code, ["fifo.py"], "auto", me) == preload_for(code, [], "none", me)
+
+
+async def test_trials_launched_together_fork_from_one_warm_process(tmp_path: Path) -> None:
+    """Several sweeps' first trials launched at once share one warm process. Each once started
+    its own and only the last was kept: the others, referenced by nothing but their running
+    trials, were garbage-collected, and those trials died with them (SIGKILL)."""
+    backend = LocalBackend(tmp_path / "locks", gpu_ids=[], warm=True)
+    events: asyncio.Queue[TrialEvent] = asyncio.Queue()
+    backend.subscribe(events.put)
+    launches = [TrialLaunch(
+        sweep_id=n, trial_id=n, number=0, attempt=1, command="python train.py",
+        workdir=tmp_path / f"w{n}", env={}, resources=Resources(), timeout=60,
+        log_path=tmp_path / f"w{n}" / "trial.log", preload=(),
+    ) for n in (1, 2, 3)]
+    for launch in launches:
+        launch.workdir.mkdir()
+        (launch.workdir / "train.py").write_text(
+            "import os, time\nprint(os.getppid(), flush=True)\ntime.sleep(1)\n")
+    await asyncio.gather(*(backend.launch(launch) for launch in launches))
+    gc.collect()  # what an orphaned warm process would not survive
+    seen = [await asyncio.wait_for(events.get(), 60) for _ in range(2 * len(launches))]
+    await backend.close()
+    assert [e.kind for e in seen if e.final] == ["succeeded"] * len(launches), seen
+    parents = {launch.log_path.read_text().splitlines()[-1] for launch in launches}
+    assert len(parents) == 1, parents

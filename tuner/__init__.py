@@ -7,13 +7,16 @@ In training code::
     ...
     tuner.report(val_accuracy, step=epoch)   # raises tuner.Pruned when pruned
     tuner.save_model(model)
+
+A retried trial resumes: ``tuner.checkpoint(state, step)`` / ``tuner.restore()``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tuner.trial import (
+from tuner.sdk.checkpoints import checkpoint, checkpoint_dir, restore, resume_step
+from tuner.sdk.training import (
     Pruned,
     artifact_dir,
     data_dir,
@@ -28,12 +31,16 @@ __all__ = [
     "Pruned",
     "Sweep",
     "artifact_dir",
+    "checkpoint",
+    "checkpoint_dir",
     "data_dir",
     "in_trial",
     "is_chief",
     "keras",
     "params",
     "report",
+    "restore",
+    "resume_step",
     "save_model",
 ]
 
@@ -41,11 +48,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # Heavy parts load on first use so a trial that only reports starts fast.
     if name == "keras":
-        import tuner.keras as module
+        import tuner.sdk.keras as module
 
         return module
     if name == "Sweep":
-        from tuner.client import Sweep
+        from tuner.sdk.client import Sweep
 
         return Sweep
     raise AttributeError(f"module 'tuner' has no attribute {name!r}")

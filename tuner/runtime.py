@@ -9,11 +9,11 @@ from types import TracebackType
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from tunehub_base.settings import Settings
 from tuner.api import make_app
 from tuner.backends import make_backend
 from tuner.db import Database
-from tuner.engine import Engine
-from tuner.settings import Settings
+from tuner.scheduling.host import SweepHost
 
 
 class LocalRuntime:
@@ -24,13 +24,13 @@ class LocalRuntime:
         self.db = db
         self.backend_names = backends
         self.server: HTTPServer | None = None
-        self.engine: Engine | None = None
+        self.engine: SweepHost | None = None
 
-    async def __aenter__(self) -> Engine:
+    async def __aenter__(self) -> SweepHost:
         sockets = bind_sockets(0, "127.0.0.1", family=socket.AF_INET)
         port = sockets[0].getsockname()[1]
         backends = {name: make_backend(name, self.settings) for name in self.backend_names}
-        self.engine = Engine(self.db, self.settings, backends, f"http://127.0.0.1:{port}/")
+        self.engine = SweepHost(self.db, self.settings, backends, f"http://127.0.0.1:{port}/")
         self.server = HTTPServer(make_app(self.engine))
         self.server.add_sockets(sockets)
         await self.engine.start()

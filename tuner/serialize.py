@@ -4,10 +4,13 @@ REST API."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.db import ModelVersion, SweepRow, Trial
-from tuner.states import TrialState
+from tuner.lifecycle.states import COUNTED, counter_column
+
+if TYPE_CHECKING:
+    from tuner.sweep_store import Actor, SweepStore
 
 
 def _time(value: datetime | None) -> str | None:
@@ -28,9 +31,7 @@ def sweep_view(sweep: SweepRow) -> dict[str, Any]:
         "trials": spec.get("trials"),
         "parallelism": spec.get("parallelism"),
         # Counters of trials by their finished state, under the state's name.
-        TrialState.COMPLETED: sweep.n_completed,
-        TrialState.PRUNED: sweep.n_pruned,
-        TrialState.FAILED: sweep.n_failed,
+        **{state: getattr(sweep, counter_column(state)) for state in COUNTED},
         "best_value": sweep.best_value,
         "best_trial": sweep.best_trial_number,
         "model_version_id": sweep.model_version_id,
@@ -82,3 +83,9 @@ def model_version_view(mv: ModelVersion) -> dict[str, Any]:
         "created_at": _time(mv.created_at),
         "promoted_at": _time(mv.promoted_at),
     }
+
+
+def trials_view(store: SweepStore, sweep_id: int, actor: Actor) -> list[dict[str, Any]]:
+    """A sweep's trials as the API and the CLI show them, each with its reports."""
+    reports = store.reports(sweep_id, actor)
+    return [trial_view(t, reports.get(t.number, [])) for t in store.trials(sweep_id, actor)]

@@ -9,27 +9,35 @@ whose controller is gone, so sweeps outlive restarts of the service, the hub and
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import secrets
 import signal
+import ssl
+import time
 from urllib.parse import urlparse
 
 from sqlalchemy import select
+from tornado.httpserver import HTTPServer
+from tornado.web import Application
 
+from tunehub_base import ports, tls
+from tunehub_base.settings import Settings, load_settings
 from tuner.api.app import make_app
 from tuner.api.auth import make_hub_auth
 from tuner.api.context import ServiceContext
 from tuner.backends import make_backend
 from tuner.db import Database, SweepRow
-from tuner.engine import Engine
 from tuner.errors import Conflict
-from tuner.ledger import controller_alive
-from tuner.settings import Settings, load_settings
-from tuner.states import SweepState
-from tuner.sweeps import SweepStore
+from tuner.lifecycle.liveness import controller_alive
+from tuner.lifecycle.states import SweepState
+from tuner.scheduling.host import SweepHost
+from tuner.sweep_store import SweepStore
 
 log = logging.getLogger("tunehub.service")
+#: Seconds the service keeps trying a taken port before it exits naming the holder.
+BIND_PATIENCE = 10.0
 
 
 def cookie_secret(settings: Settings) -> bytes:
@@ -41,7 +49,7 @@ def cookie_secret(settings: Settings) -> bytes:
     return path.read_bytes()
 
 
-def adopt_orphans(engine: Engine) -> list[int]:
+def adopt_orphans(engine: SweepHost) -> list[int]:
     """Run every active sweep of our backends whose controller died."""
     with engine.db.session() as s:
         sweeps = list(
@@ -64,8 +72,41 @@ def adopt_orphans(engine: Engine) -> list[int]:
     return adopted
 
 
+def tls_context() -> ssl.SSLContext | None:
+    """With the hub's internal TLS (it sets ``JUPYTERHUB_SSL_*`` for its services): serve with
+    the certificate the hub made for this service. A client certificate is checked when one
+    is presented (the proxy's, the hub's) and not required: notebooks and trials call the
+    tuner directly and prove who they are with their token."""
+    cert, key = os.environ.get("JUPYTERHUB_SSL_CERTFILE"), os.environ.get("JUPYTERHUB_SSL_KEYFILE")
+    if not (cert and key):
+        return None
+    return tls.server_context(cert, key, os.environ.get("JUPYTERHUB_SSL_CLIENT_CA"),
+                              require_client_cert=False)
+
+
+async def listen(app: Application, host: str, port: int,
+                 context: ssl.SSLContext | None) -> HTTPServer:
+    """Listen, or exit non-zero naming who holds the port. The hub restarts a service that
+    exits, so a port taken for a moment (our previous process still closing) is tried again
+    for :data:`BIND_PATIENCE` seconds first; serving nothing while saying nothing is no option."""
+    deadline = time.monotonic() + BIND_PATIENCE
+    while True:
+        try:
+            # No xheaders: the client address is the connection's own, or what the hub proxy
+            # says on its own connection (tunehub_base.request_bounds.client_address).
+            return app.listen(port, host, ssl_options=context)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            if time.monotonic() > deadline:
+                message = ports.in_use_message("the tuner service", host, port)
+                log.error("%s", message)
+                raise SystemExit(message) from None
+        await asyncio.sleep(1.0)  # the holder may be our previous process, still closing
+
+
 async def serve() -> None:
-    from tuner.registry import Registry
+    from tuner.serving.registry import Registry
 
     settings = load_settings().ensure_dirs()
     # Migrations can take a while on a big database: never on the event loop.
@@ -73,12 +114,13 @@ async def serve() -> None:
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     host, port = url.hostname or "127.0.0.1", url.port or 10101
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tuner/")
-    trial_api = os.environ.get("TUNEHUB_TRIAL_API_URL") or f"http://{host}:{port}{prefix}"
+    trial_api = (os.environ.get("TUNEHUB_TRIAL_API_URL")
+                 or f"{url.scheme or 'http'}://{host}:{port}{prefix}")
     names = [n.strip() for n in os.environ.get("TUNEHUB_BACKENDS", "local").split(",") if n]
     backends = {name: make_backend(name, settings) for name in names}
     registry = Registry(db, settings.registry, settings.serving_root)
     registry.write_serving_config()  # TensorFlow Serving finds a current file from the start
-    engine = Engine(db, settings, backends, trial_api, registry, stable_api_url=True)
+    engine = SweepHost(db, settings, backends, trial_api, registry, stable_api_url=True)
     ctx = ServiceContext(
         engine=engine,
         store=SweepStore(db, settings),
@@ -87,13 +129,17 @@ async def serve() -> None:
         backends=backends,
         default_backend=names[0],
     )
+    if "local" in backends:
+        from tuner.metrics import watch_gpu_pool
+
+        watch_gpu_pool(settings.gpu_locks_dir)
     app = make_app(engine, prefix, ctx, cookie_secret(settings))
-    server = app.listen(port, host, xheaders=True)
+    server = await listen(app, host, port, tls_context())
     await engine.start()
     adopted = adopt_orphans(engine)
     log.info(
-        "tuner service on http://%s:%s%s (backends: %s; resumed sweeps: %s)",
-        host, port, prefix, ", ".join(names), adopted or "none",
+        "tuner service on %s://%s:%s%s (backends: %s; resumed sweeps: %s)",
+        url.scheme, host, port, prefix, ", ".join(names), adopted or "none",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -16,8 +16,8 @@ from collections import deque
 import optuna
 
 from tuner.backends.instant import quadratic
+from tuner.search.study import make_pruner, make_sampler, storage_for
 from tuner.spec import SweepSpec
-from tuner.study import make_pruner, make_sampler, storage_for
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import time
 
 import optuna
 
-from tuner.study import storage_for
+from tuner.search.study import storage_for
 
 
 def main() -> None:

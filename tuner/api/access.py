@@ -4,8 +4,8 @@ sweep or model a route names.
 Every route naming a sweep (``sweeps/{id}``, its cancel, resume, trials and logs) derives from
 :class:`SweepRoute`, every route naming a model from :class:`ModelRoute`. Their ``prepare``
 runs before the route's method, after :class:`~tuner.api.auth.UserHandler` identified the
-caller: the object is looked up *for that caller* (:meth:`tuner.sweeps.SweepStore.get`,
-:meth:`tuner.registry.Registry.versions`), so another user's object, and an id that cannot
+caller: the object is looked up *for that caller* (:meth:`tuner.sweep_store.SweepStore.get`,
+:meth:`tuner.serving.registry.Registry.versions`), so another user's object, and an id that cannot
 exist, is a 404 before anything happens, whatever state the sweep is in. Methods then act only
 on ``self.sweep`` / ``self.model`` (and re-check inside their own transaction where a write
 depends on it).

@@ -1,5 +1,5 @@
 """Who is calling: JupyterHub tokens and the hub's OAuth cookie, checked with HubAuth, and
-tunehub's custom scopes (named in :mod:`tuner.scopes`).
+tunehub's custom scopes (named in :mod:`tunehub_base.scopes`).
 
 ``custom:tuner:read`` lets a caller see their own sweeps and models, ``custom:tuner:submit``
 lets them change them, ``custom:tuner:admin`` extends both to everyone's, and
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 from jupyterhub.services.auth import HubOAuth, HubOAuthenticated, UserNotAllowed
 
+from tunehub_base.scopes import ADMIN, HIGH_PRIORITY, READ, SUBMIT
 from tuner.api.base import JsonHandler
 from tuner.errors import Forbidden, Unauthorized
-from tuner.scopes import ADMIN, HIGH_PRIORITY, READ, SUBMIT
-from tuner.sweeps import Actor
+from tuner.sweep_store import Actor
 
 if TYPE_CHECKING:
     from tuner.api.context import ServiceContext

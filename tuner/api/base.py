@@ -9,6 +9,7 @@ from typing import Any
 
 from tornado.web import HTTPError, RequestHandler
 
+from tunehub_base.request_bounds import BodyError, RequestLimits, parse_json
 from tuner.errors import NotFound, TunehubError
 from tuner.spec import SpecError
 
@@ -44,12 +45,15 @@ class JsonHandler(RequestHandler):
         self.set_header("Content-Type", "application/json")
 
     def json_body(self) -> dict[str, Any]:
+        """The body as a JSON object, within the service's bounds
+        (:mod:`tunehub_base.request_bounds`)."""
+        limits: RequestLimits = self.settings.get("request_limits") or RequestLimits()
         try:
-            body = json.loads(self.request.body or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, "request body is not valid JSON") from None
+            body = parse_json(self.request.body or b"{}", limits)
+        except BodyError as exc:
+            raise ApiError(exc.status, str(exc), "body") from None
         if not isinstance(body, dict):
-            raise ApiError(400, "request body must be a JSON object")
+            raise ApiError(400, "body: must be a JSON object", "body")
         return body
 
     def send(self, payload: Any, status: int = 200) -> None:

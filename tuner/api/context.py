@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from jupyterhub.services.auth import HubOAuth
 
 from tuner.backends import Backend
-from tuner.engine import Engine
-from tuner.registry import Registry
-from tuner.sweeps import SweepStore
+from tuner.scheduling.host import SweepHost
+from tuner.serving.registry import Registry
+from tuner.sweep_store import SweepStore
 
 
 @dataclass
@@ -19,7 +19,7 @@ class ServiceContext:
     Built once by :func:`tuner.service.serve`; the handlers reach the database only through
     ``store`` and ``registry``, so each seam has the one owner that checks ownership."""
 
-    engine: Engine
+    engine: SweepHost
     store: SweepStore
     registry: Registry
     # The process's one HubOAuth (see tuner.api.auth.make_hub_auth): the login state of the

@@ -6,8 +6,8 @@ from __future__ import annotations
 from tuner.api.access import ModelRoute
 from tuner.api.auth import UserHandler
 from tuner.api.base import ApiError, parse_id
-from tuner.registry import STAGES
 from tuner.serialize import model_version_view
+from tuner.serving.registry import STAGES
 
 
 class ModelsHandler(UserHandler):

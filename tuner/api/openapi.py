@@ -12,11 +12,11 @@ from typing import Any
 
 from tornado.web import RequestHandler
 
+from tunehub_base.scopes import READ, SUBMIT
 from tuner.api.base import MAX_ID
 from tuner.backends import BACKENDS
-from tuner.registry import ARCHIVED, STAGES
-from tuner.scopes import READ, SUBMIT
-from tuner.states import SweepState, TrialState
+from tuner.lifecycle.states import SweepState, TrialState
+from tuner.serving.registry import ARCHIVED, STAGES
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _WHY = {
@@ -25,6 +25,7 @@ _WHY = {
     "403": "The token lacks the scope this route needs",
     "404": "No such object, or not yours (the same answer)",
     "409": "Not possible in the object's current state",
+    "413": "The body is larger than TUNEHUB_API_MAX_BODY (field: body); none of it was kept",
     "503": "The cluster (Kubernetes backend) cannot be reached; nothing was stored",
 }
 
@@ -223,7 +224,7 @@ def document(base_path: str) -> dict[str, Any]:
                 "post": _op(
                     "Submit a sweep (priority: high needs custom:tuner:priority-high)",
                     ref("Sweep"), SUBMIT, ref("SweepRequest"), "201",
-                    errors=("400", "401", "403", "503"),
+                    errors=("400", "401", "403", "413", "503"),
                 ),
             },
             "/sweeps/{sweep_id}": {
@@ -273,6 +274,16 @@ def document(base_path: str) -> dict[str, Any]:
                 "post": _op("Move a stage to a version", ref("ModelVersion"), SUBMIT,
                             ref("PromoteRequest"), errors=("400", "401", "403", "404")),
             },
+            "/pool": {
+                "get": _op("This machine's GPUs: free, or who holds each since when (everyone's)",
+                           {"type": "object"}, READ, errors=("401", "403")),
+            },
+            "/usage": {
+                "parameters": [{"name": "since", "in": "query", "required": True,
+                                "schema": {"type": "string", "example": "2026-11-01"}}],
+                "get": _op("Allocated GPU-hours per person, group, sweep and notebook",
+                           {"type": "object"}, READ, errors=("400", "401", "403")),
+            },
             "/trials/{trial_id}/report": {
                 "parameters": [_id_param("trial_id")],
                 "post": {
@@ -288,7 +299,10 @@ def document(base_path: str) -> dict[str, Any]:
                             "content": {"application/json": {"schema": _object(
                                 {"prune": {"type": "boolean"}})}},
                         },
-                        **_errors("400", "401", "404"),
+                        # 401 for any report no running attempt takes, whichever the
+                        # reason (tuner.api.trials.refused); 404 only for a path that is no
+                        # route at all (an empty trial id).
+                        **_errors("400", "401", "404", "413"),
                     },
                 },
             },

@@ -15,6 +15,8 @@ from tuner.api.context import ServiceContext
 from tuner.api.models import ModelHandler, ModelsHandler, PromoteHandler
 from tuner.api.openapi import OpenApiHandler
 from tuner.api.pages import IndexHandler
+from tuner.api.pool import PoolHandler, UsageHandler
+from tuner.api.scrape import MetricsRoute
 from tuner.api.sweeps import (
     SweepCancelHandler,
     SweepHandler,
@@ -23,7 +25,6 @@ from tuner.api.sweeps import (
     TrialLogHandler,
     TrialsHandler,
 )
-from tuner.metrics import MetricsHandler
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
@@ -46,8 +47,10 @@ def service_routes(base: str, ctx: ServiceContext) -> list[Any]:
         (rf"{base}api/v1/models", ModelsHandler, c),
         (rf"{base}api/v1/models/([^/]+)", ModelHandler, c),
         (rf"{base}api/v1/models/([^/]+)/versions/([^/]+)/promote", PromoteHandler, c),
+        (rf"{base}api/v1/pool", PoolHandler, c),
+        (rf"{base}api/v1/usage", UsageHandler, c),
         (rf"{base}api/v1/openapi.json", OpenApiHandler, {"base_path": base}),
-        (rf"{base}metrics", MetricsHandler),
+        (rf"{base}metrics", MetricsRoute, c),
         (rf"{base}oauth_callback", HubOAuthCallbackHandler),
         (rf"{base}static/vendor/(plotly\.min\.js)", tornado.web.StaticFileHandler,
          {"path": _plotly_js_dir()}),

@@ -14,9 +14,9 @@ from tuner.api.access import SweepRoute
 from tuner.api.auth import UserHandler
 from tuner.api.base import ApiError, parse_id
 from tuner.metrics import SWEEPS_SUBMITTED
-from tuner.run_function import COMMAND as FUNCTION_COMMAND
-from tuner.run_function import FUNCTION_FILE
-from tuner.serialize import sweep_view, trial_view
+from tuner.sdk.run_function import COMMAND as FUNCTION_COMMAND
+from tuner.sdk.run_function import FUNCTION_FILE
+from tuner.serialize import sweep_view, trials_view
 from tuner.spec import SpecError, SweepSpec
 
 MAX_FUNCTION_BYTES = 20 * 1024 * 1024
@@ -81,13 +81,7 @@ class SweepHandler(SweepRoute):
 
 class SweepCancelHandler(SweepRoute):
     def post(self, _sweep_id: str) -> None:
-        sid = self.sweep.id
-        # The stored request first (409 when the sweep already ended), then wake the
-        # controller if it runs in this process; one in another process sees the sweep
-        # cancelling at its next heartbeat.
-        self.ctx.store.request_cancel(sid, self.actor, runs_here=self.ctx.engine.runs(sid))
-        self.ctx.engine.cancel(sid)
-        self.send(sweep_view(self.ctx.store.get(sid, self.actor)))
+        self.send(sweep_view(self.ctx.store.cancel(self.sweep.id, self.actor, self.ctx.engine)))
 
 
 class SweepResumeHandler(SweepRoute):
@@ -99,17 +93,12 @@ class SweepResumeHandler(SweepRoute):
 
 class TrialsHandler(SweepRoute):
     def get(self, _sweep_id: str) -> None:
-        sid = self.sweep.id
-        reports = self.ctx.store.reports(sid, self.actor)
-        trials = self.ctx.store.trials(sid, self.actor)
-        # Until SweepStore.trials says builtins.list (see pyproject.toml's [tool.mypy]).
-        self.send([trial_view(t, reports.get(t.number, [])) for t in trials])
+        self.send(trials_view(self.ctx.store, self.sweep.id, self.actor))
 
 
 class TrialLogHandler(SweepRoute):
     async def get(self, _sweep_id: str, number: str) -> None:
         n = parse_id(number, f"sweep {self.sweep.id} has no trial {number[:40]}")
-        path = self.ctx.store.log_path(self.sweep.id, n, self.actor)
-        data = await asyncio.to_thread(path.read_bytes)  # logs can be large
+        data = await asyncio.to_thread(self.ctx.store.read_log, self.sweep.id, n, self.actor)
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.finish(data)

@@ -2,7 +2,9 @@
 
 A token is valid only for the attempt it was made for, while that attempt runs: the controller
 keeps its hash (never the token) and forgets it when the attempt ends, so a token of a finished
-attempt, or of another trial, reports nothing."""
+attempt, or of another trial, reports nothing. Every such refusal is one answer
+(:func:`refused`): a trial that is not running, someone else's, an attempt that ended and a
+number that names nothing all read the same, so the route never tells which trials run."""
 
 from __future__ import annotations
 
@@ -10,7 +12,14 @@ import math
 from typing import Any
 
 from tuner.api.base import MAX_ID, ApiError, JsonHandler, parse_id
-from tuner.engine import Engine
+from tuner.errors import NotFound, Unauthorized
+from tuner.scheduling.host import SweepHost
+
+
+def refused() -> ApiError:
+    """The one answer to a report no running attempt takes (see the module's docstring); it
+    does not even echo the trial's number, so its body is the same whichever trial was named."""
+    return ApiError(401, "no running attempt of this trial takes this token")
 
 
 def _finite(value: Any) -> float | None:
@@ -29,14 +38,13 @@ def _small_int(value: Any, minimum: int) -> bool:
 
 
 class ReportHandler(JsonHandler):
-    def initialize(self, engine: Engine) -> None:
+    def initialize(self, engine: SweepHost) -> None:
         self.engine = engine
 
     def post(self, trial_id: str) -> None:
         auth = self.request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             raise ApiError(401, "a trial token is required (Authorization: Bearer ...)")
-        tid = parse_id(trial_id, f"trial {trial_id[:40]} is not running")
         body = self.json_body()
         value = _finite(body.get("value"))
         if value is None:
@@ -54,5 +62,9 @@ class ReportHandler(JsonHandler):
         last = body.get("last", False)
         if not isinstance(last, bool):
             raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
-        prune = self.engine.report(tid, auth[7:].strip(), attempt, value, step, last=last)
+        try:
+            tid = parse_id(trial_id, "")
+            prune = self.engine.report(tid, auth[7:].strip(), attempt, value, step, last=last)
+        except (NotFound, Unauthorized):
+            raise refused() from None
         self.send({"prune": prune})

@@ -6,8 +6,8 @@ cluster. Each lives in its own module behind :class:`Backend`.
 
 from __future__ import annotations
 
+from tunehub_base.settings import Settings
 from tuner.backends._base import Backend, TrialEvent, TrialLaunch
-from tuner.settings import Settings
 from tuner.spec import SpecError
 
 BACKENDS = ("local", "kubernetes")

@@ -1,10 +1,10 @@
 """The execution backend interface: how a trial attempt becomes a running process somewhere.
 
-Backends are event-driven: the controller calls :meth:`Backend.launch` and the backend later
-reports what happened as :class:`TrialEvent` s to every callback registered with
-:meth:`Backend.subscribe` (the :class:`~tuner.engine.Engine` registers one and hands each event
-to the controller of its trial). Nobody polls trials: what an event costs does not depend on
-how many trials are running.
+Backends are event-driven: the controller calls :meth:`Backend.launch` and the backend later reports
+what happened as :class:`TrialEvent` s to every callback registered with :meth:`Backend.subscribe`
+(the :class:`~tuner.scheduling.host.SweepHost` registers one and hands each event to the controller
+of its trial). Nobody polls trials: what an event costs does not depend on how many trials are
+running.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.snapshot import CODE_SNAPSHOT_LIMIT, copy_snapshot
+from tuner.lifecycle.states import EventKind
+from tuner.snapshot import CODE_SNAPSHOT_LIMIT, CodeSource, copy_snapshot
 from tuner.spec import Resources, SweepSpec
-from tuner.states import EventKind
 
 # What a trial process on this machine must not inherit from the process that starts it (the
 # tuner service or the CLI): the hub's token of the service and its settings (JUPYTERHUB_*,
@@ -116,7 +116,7 @@ class Backend(abc.ABC):
         """Raise :class:`tuner.spec.SpecError` when this backend can never run ``spec``'s
         trials (more GPUs than exist, unknown GPU type): refuse at submission, not later."""
 
-    def snapshot_code(self, source: Path | None, target: Path, ignore: Ignore,
+    def snapshot_code(self, source: CodeSource | Path | None, target: Path, ignore: Ignore,
                       files: dict[str, bytes], owner: str) -> None:
         """Copy a sweep's code (``source``, may be ``None``) plus ``files`` into ``target``, which
         does not exist yet. A backend that runs trials as their owner copies with the owner's

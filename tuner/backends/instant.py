@@ -7,8 +7,9 @@ would measure fork and the trial SDK instead. The controller's unit tests
 deterministically, with no subprocess and no timing. Either way the controller's whole path
 stays real (its database rows, working directories, log files, backend events, the report route
 with its token check, Optuna's tell); only the process is replaced: each attempt's
-:class:`Outcome` is played through :meth:`tuner.engine.Engine.report` like the HTTP handler
-does, then its outcome event is emitted.
+:class:`Outcome` is played through the report callable it was bound to (the host's
+:meth:`~tuner.scheduling.host.SweepHost.report`, the route the HTTP handler takes), then its
+outcome event is emitted.
 
 An attempt whose outcome is ``hold`` stays running until :meth:`InstantBackend.finish` (or a
 cancel) ends it; held attempts also outlive an engine (like Kubernetes Jobs outlive their
@@ -21,14 +22,20 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tuner.backends._base import Backend, TrialEvent, TrialLaunch
-from tuner.states import CANCELLED_REASON, EventKind
-from tuner.trial import ENV_PARAMS, ENV_TOKEN
+from tuner.lifecycle.states import CANCELLED_REASON, EventKind
+from tuner.sdk.training import ENV_PARAMS, ENV_TOKEN
 
-if TYPE_CHECKING:
-    from tuner.engine import Engine
+
+class Report(Protocol):
+    """Where a trial's reports go: (trial id, token, attempt, value, step, last) -> prune?"""
+
+    def __call__(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool = False,
+    ) -> bool: ...
 
 
 def quadratic(params: dict[str, Any]) -> float:
@@ -77,7 +84,7 @@ class InstantBackend(Backend):
         ``steps`` intermediate reports."""
         super().__init__()
         self.script = script or quadratic_script(steps)
-        self.engine: Engine | None = None
+        self.report: Report | None = None
         self.launches: list[TrialLaunch] = []
         self.cancels: list[tuple[int, int]] = []
         self.reconciled: list[set[tuple[int, int]]] = []  # what each reconcile adopted
@@ -99,9 +106,9 @@ class InstantBackend(Backend):
     def launched(self) -> int:
         return len(self.launches)
 
-    def bind(self, engine: Engine) -> None:
-        """The engine whose report route the "trials" call (set after the engine exists)."""
-        self.engine = engine
+    def bind(self, report: Report) -> None:
+        """Where the "trials" report (the host's report route, set once the host exists)."""
+        self.report = report
 
     async def launch(self, launch: TrialLaunch) -> None:
         self.launches.append(launch)
@@ -138,16 +145,16 @@ class InstantBackend(Backend):
         self.held.clear()
 
     async def _play(self, launch: TrialLaunch, outcome: Outcome) -> None:
-        assert self.engine is not None, "bind() the engine first"
+        assert self.report is not None, "bind() the report route first"
         token = launch.env[ENV_TOKEN]
         for step, value in enumerate(outcome.steps, start=1):
             last = outcome.last and step == len(outcome.steps)
-            if self.engine.report(launch.trial_id, token, launch.attempt, value, step, last):
+            if self.report(launch.trial_id, token, launch.attempt, value, step, last):
                 await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED,
                                            1, "told to prune"))
                 return
         if outcome.value is not None:
-            self.engine.report(launch.trial_id, token, launch.attempt, outcome.value, None)
+            self.report(launch.trial_id, token, launch.attempt, outcome.value, None)
         if outcome.fail is not None:
             await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED, 1,
                                        outcome.fail))

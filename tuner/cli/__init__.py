@@ -11,7 +11,7 @@ from tuner.cli.errors import CliError, run_guarded
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tuner.cli import demo, model, sweep, up
+    from tuner.cli import demo, model, pool, sweep, up
 
     parser = argparse.ArgumentParser(
         prog="tunehub",
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register(sub)
     sweep.register(sub)
     model.register(sub)
+    pool.register(sub)
     return parser
 
 

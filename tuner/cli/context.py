@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 
+from tunehub_base.settings import Settings, load_settings
 from tuner.db import Database
-from tuner.settings import Settings, load_settings
-from tuner.sweeps import Actor, SweepStore, local_actor
+from tuner.sweep_store import Actor, SweepStore, local_actor
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from pathlib import Path
 
 from tuner.backends import make_backend
 from tuner.cli import context
 from tuner.cli.errors import EXIT_FAILED, CliError
+from tuner.cli.examples import EXAMPLES
 from tuner.cli.render import console
 from tuner.cli.sweep import drive
 from tuner.spec import SweepSpec
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits" / "sweep.yaml"
+EXAMPLE = EXAMPLES / "digits" / "sweep.yaml"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,8 +1,8 @@
 """``tunehub up``'s choice between one Unix user per person and one shared Unix account.
 
 As root (``TUNEHUB_UNIX_USERS`` unset or ``1``): every account gets a system user
-(:mod:`tuner.unix_users`), and the platform's files are laid out so those users can reach their
-own things and the shared data store, and nothing of the platform's:
+(:mod:`tunehub_base.unix_users`), and the platform's files are laid out so those users can reach
+their own things and the shared data store, and nothing of the platform's:
 
 ==========================  ===========================  ==========================================
 path                        owner, mode                  why
@@ -11,7 +11,8 @@ path                        owner, mode                  why
 ``hub/`` (state, secrets)   root, 0700                   cookie secret, accounts, hub database
 tuner database, secrets     root, 0600                   created under umask 077
 ``gpu-locks/``              root, 0700                   only the platform takes and frees GPUs
-``sweeps/``                 root, 0711                   see :mod:`tuner.backends.ownership`
+                                                         and records who holds them (the ledger)
+``sweeps/``                 root, 0711                   see :mod:`tuner.backends.local.ownership`
 ``users/<name>``            the person, 0700             their notebook home
 data store                  root:tunehub, 3775           everyone reads; everyone adds files; the
                                                          sticky bit keeps others' files theirs
@@ -29,9 +30,9 @@ import pwd
 import sys
 from pathlib import Path
 
-from tuner import unix_users
+from tunehub_base import unix_users
+from tunehub_base.settings import Settings
 from tuner.cli.errors import CliError
-from tuner.settings import Settings
 
 SHARED_NOTE = ("note: everyone's notebooks and trials share this Unix account ({user}); "
                "run tunehub up as root, or use Kubernetes, to isolate people")

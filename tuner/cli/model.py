@@ -10,8 +10,8 @@ from rich.table import Table
 from tuner.cli import context
 from tuner.cli.errors import CliError
 from tuner.cli.render import console, print_json
-from tuner.registry import STAGES, Registry
 from tuner.serialize import model_version_view
+from tuner.serving.registry import STAGES, Registry
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -112,7 +112,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tuner.serving import serve
+    from tuner.serving.server import serve
 
     reg = registry()
     reg.versions(args.name)

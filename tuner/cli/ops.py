@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from tuner.cli import context
-from tuner.serialize import sweep_view, trial_view
+from tuner.serialize import sweep_view, trials_view
 from tuner.spec import SweepSpec
 
 
@@ -32,25 +32,21 @@ class LocalOps:
         return [sweep_view(s) for s in context.store().list(context.actor())]
 
     def trials(self, sweep_id: int) -> builtins.list[dict[str, Any]]:
-        store, actor = context.store(), context.actor()
-        reports = store.reports(sweep_id, actor)
-        trials = store.trials(sweep_id, actor)
-        # Until SweepStore.trials says builtins.list (see pyproject.toml's [tool.mypy]).
-        return [trial_view(t, reports.get(t.number, [])) for t in trials]
+        return trials_view(context.store(), sweep_id, context.actor())
 
     def cancel(self, sweep_id: int) -> dict[str, Any]:
-        return sweep_view(context.store().request_cancel(sweep_id, context.actor()))
+        return sweep_view(context.store().cancel(sweep_id, context.actor()))
 
     def log(self, sweep_id: int, number: int) -> str:
-        path = context.store().log_path(sweep_id, number, context.actor())
-        return path.read_text(errors="replace")
+        return context.store().read_log(sweep_id, number, context.actor()).decode(
+            errors="replace")
 
 
 class RemoteOps:
     remote = True
 
     def __init__(self) -> None:
-        from tuner.client import TunerClient
+        from tuner.sdk.client import TunerClient
 
         self.client = TunerClient()
 

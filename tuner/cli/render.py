@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.states import TrialState, trials_done
+from tuner.lifecycle.states import TrialState, trials_done
 
 # Piped, in CI or under nohup there is no terminal width to fit: print every value whole
 # rather than squeezing columns to "0.0…" at rich's default of 80 columns.

@@ -21,10 +21,10 @@ from tuner.cli.render import (
     summary_line,
     sweeps_table,
 )
+from tuner.lifecycle.states import SweepState, TrialState
 from tuner.runtime import LocalRuntime
 from tuner.spec import SweepSpec
-from tuner.states import SweepState, TrialState
-from tuner.sweeps import sweep_dir
+from tuner.sweep_store import sweep_dir
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

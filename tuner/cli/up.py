@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.util
 import os
 import signal
 import socket
@@ -22,8 +23,12 @@ from types import FrameType
 
 import httpx
 
+from tunehub_base import datastore, ports
+from tunehub_base.options import hub_state_dir, setting, url_of
+from tunehub_base.settings import load_settings
 from tuner.cli import isolation
 from tuner.cli.errors import EXIT_FAILED, CliError
+from tuner.cli.examples import seed_examples
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "jupyterhub_config.py"
 ADMIN = "admin"
@@ -35,10 +40,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "up", help="start the hub, proxy, tuner service and idle culler on this machine"
     )
-    p.add_argument("--ip", default=os.environ.get("TUNEHUB_IP") or "127.0.0.1",
-                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for the network)")
-    p.add_argument("--port", type=_port, default=_port(os.environ.get("TUNEHUB_PORT") or "8000"),
-                   help="port of the URL people open (default 8000)")
+    ip, port = setting("TUNEHUB_IP"), setting("TUNEHUB_PORT")
+    p.add_argument("--ip", default=ip.text(),
+                   help=f"address to listen on (default {ip.value}; 0.0.0.0 for the network)")
+    p.add_argument("--port", type=_port, default=_port(port.read() or str(port.value)),
+                   help=f"port of the URL people open (default {port.value})")
     p.add_argument("--config", type=Path, default=REPO_CONFIG,
                    help="JupyterHub config file (default: the repository's jupyterhub_config.py)")
     p.add_argument("--reset-admin-password", action="store_true",
@@ -60,7 +66,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _check_port_free(ip: str, port: int) -> None:
+def _check_port_free(ip: str, port: int, option: str = "--port") -> None:
+    """Refuse to start, naming who holds it, when a port the platform must listen on is
+    taken (``option``: the flag or variable that chose it)."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(family) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -68,7 +76,8 @@ def _check_port_free(ip: str, port: int) -> None:
             s.bind((ip, port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise CliError(f"--port: {ip}:{port} is already in use; pick another port "
+                raise CliError(f"{option}: {ip}:{port} is already in use by "
+                               f"{ports.holder(port)}; pick another port "
                                "(is tunehub already up?)") from None
             raise CliError(f"--ip: cannot listen on {ip}:{port}: {exc.strerror}") from None
 
@@ -76,7 +85,7 @@ def _check_port_free(ip: str, port: int) -> None:
 def ensure_admin(accounts_file: Path, reset: bool) -> str | None:
     """Create the admin account on first run (or give it a new password); returns the
     password to print once, or ``None`` when nothing changed."""
-    from hub.accounts import AccountStore, random_password
+    from tunehub_base.accounts import AccountStore, random_password
 
     store = AccountStore(accounts_file)
     password = random_password()
@@ -100,9 +109,9 @@ def _code_paths() -> list[Path]:
 
 
 def _provision_all(accounts_file: Path) -> None:
-    """Every account's system user, before anyone logs in (the hub repeats this for its
-    users; one refused login name must not keep the platform down)."""
-    from hub.accounts import AccountError, AccountStore, provision_system_user
+    """Every account's system user and area of the data store, before anyone logs in (the hub
+    repeats this for its users; one refused login name must not keep the platform down)."""
+    from tunehub_base.accounts import AccountError, AccountStore, provision_system_user
 
     for account in AccountStore(accounts_file).all():
         try:
@@ -111,18 +120,30 @@ def _provision_all(accounts_file: Path) -> None:
             print(f"warning: {exc}", file=sys.stderr, flush=True)
 
 
+def _check_hub_extra() -> None:
+    """The hub runs from the hub extra's packages (its config loads traitlets, then JupyterHub);
+    ``tunehub up`` starts it as a program and imports nothing of it."""
+    for module in ("traitlets", "jupyterhub"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise CliError(f"tunehub up needs the hub extra (missing module {module!r}): "
+                           "pip install 'tunehub[hub]'")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    try:
-        from hub.options import TunehubHub
-    except ModuleNotFoundError as exc:
-        raise CliError(f"tunehub up needs the hub extra (missing module {exc.name!r}): "
-                       "pip install 'tunehub[hub]'") from None
-    from tuner.settings import load_settings
+    _check_hub_extra()
 
     if not args.config.is_file():
         raise CliError(f"--config: {args.config} not found (run from a tunehub checkout, or "
                        "pass the hub config file)")
     _check_port_free(args.ip, args.port)
+    for variable in ("TUNEHUB_HUB_PORT", "TUNEHUB_PROXY_API_PORT", "TUNEHUB_TUNER_PORT"):
+        chosen = os.environ.get(variable, "")
+        if chosen.isdigit():  # chosen by the operator (else a free one is picked): taken?
+            _check_port_free("127.0.0.1", int(chosen), variable)
     unix_env = dict(os.environ)
     isolated, shared_note = isolation.decide(unix_env)
     settings = load_settings(unix_env).ensure_dirs()
@@ -136,17 +157,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         "TUNEHUB_PROXY_API_PORT": os.environ.get("TUNEHUB_PROXY_API_PORT") or str(free_port()),
         "TUNEHUB_TUNER_PORT": os.environ.get("TUNEHUB_TUNER_PORT") or str(free_port()),
     }
-    os.environ.update(env)  # so the hub options below resolve as the hub will
-    opts = TunehubHub()
-    state = Path(opts.state_dir)
+    os.environ.update(env)  # so the hub resolves its options as here
+    state = hub_state_dir(settings.home, env)
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     if isolated:
         isolation.prepare(settings, state, _code_paths())
     else:
         print(shared_note, flush=True)
+    try:  # users/ is the platform's before anyone can log in
+        datastore.prepare(settings)
+    except (OSError, datastore.DataStoreError) as exc:
+        raise CliError(f"the data store's users/: {exc}") from None
+    seed_examples(settings)
     password = ensure_admin(state / "accounts.json", args.reset_admin_password)
-    if isolated:
-        _provision_all(state / "accounts.json")
+    _provision_all(state / "accounts.json")
 
     log_path = state / "hub.log"
     jupyterhub = Path(sys.executable).with_name("jupyterhub")
@@ -158,9 +182,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         start_new_session=True,  # Ctrl-C reaches us; we stop the hub in order
     )
     stopping = _install_stop_handlers()
+    public_url = url_of(args.ip, args.port)
     try:
-        _wait_ready(proc, opts.public_url, log_path if log else None, stopping)
-        _announce(opts.public_url, args.ip, password, log_path if log else None, settings.home)
+        _wait_ready(proc, public_url, log_path if log else None, stopping)
+        _announce(public_url, args.ip, password, log_path if log else None, settings.home)
         while proc.poll() is None and not stopping:
             time.sleep(0.5)  # waiting on the hub or a stop signal, whichever comes first
         if proc.poll() is not None:

@@ -3,6 +3,7 @@
 from tuner.db.engine import Database
 from tuner.db.models import (
     Base,
+    ModelName,
     ModelVersion,
     SweepRow,
     Trial,
@@ -16,6 +17,7 @@ __all__ = [
     "SweepRow",
     "Trial",
     "TrialReport",
+    "ModelName",
     "ModelVersion",
     "utcnow",
 ]

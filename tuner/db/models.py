@@ -24,7 +24,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from tuner.states import SweepState, TrialState
+from tuner.lifecycle.states import SweepState, TrialState
 
 
 def utcnow() -> datetime:
@@ -40,8 +40,8 @@ StateT = TypeVar("StateT", SweepState, TrialState)
 
 class StateColumn(TypeDecorator[StateT]):
     """A state column: the state's string in the database (what the schema always held), its
-    :mod:`tuner.states` member in Python. Which states exist and how they change:
-    :mod:`tuner.states`; who changes them: :mod:`tuner.ledger`."""
+    :mod:`tuner.lifecycle.states` member in Python. Which states exist and how they change:
+    :mod:`tuner.lifecycle.states`; who changes them: :mod:`tuner.lifecycle.ledger`."""
 
     impl = String(16)
     cache_ok = True
@@ -158,3 +158,14 @@ class ModelVersion(Base):
     data_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     promoted_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class ModelName(Base):
+    """Who owns a model name (:mod:`tuner.serving.names`): claimed by the first sweep that
+    names it in ``promote.model``, or the first registration, and kept."""
+
+    __tablename__ = "tunehub_model_names"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    created_at: Mapped[datetime | None] = mapped_column(DateTime, default=utcnow, nullable=True)

@@ -1,4 +1,5 @@
-// The sweeps page: the signed-in user's sweeps, a sweep's trials and charts, promoted models.
+// The sweeps page: the signed-in user's sweeps, a sweep's trials and charts, the GPU pool
+// (who holds each GPU, GPU-hours), promoted models.
 // Plain JS against the tuner's REST API with the hub login cookie (same origin); it polls
 // quickly while something runs and slowly otherwise.
 "use strict";
@@ -252,6 +253,40 @@ function renderModels(versions) {
   }
 }
 
+// --- the GPU pool (everyone's holders: public inside the lab) -----------------------------
+
+const USAGE_DAYS = 30;
+
+async function loadPool() {
+  const since = new Date(Date.now() - USAGE_DAYS * 86400e3).toISOString().slice(0, 19);
+  const [pool, usage] = await Promise.all([
+    getJSON("pool"), getJSON(`usage?since=${encodeURIComponent(since)}`),
+  ]);
+  $("pool-summary").textContent =
+    `${pool.held} of ${pool.total} GPUs held (${pool.gpu_source})`;
+  const body = $("pool-gpus").querySelector("tbody");
+  body.replaceChildren(...pool.gpus.map((g) => {
+    const h = g.holder;
+    return el("tr", { dataset: { gpu: g.gpu } },
+      el("td", {}, g.gpu), el("td", {}, badge(g.state)),
+      el("td", {}, h ? h.person : "–"),
+      el("td", {}, h ? h.what : (g.state === "held" ? "unknown" : "–")),
+      el("td", {}, g.since_iso ? `${fmtTime(g.since_iso)} (${fmtDuration(g.held_seconds)})` : "–"),
+      el("td", {}, g.utilization === null || g.utilization === undefined
+        ? "–" : `${Math.round(g.utilization * 100)} %`));
+  }));
+  const rows = [];
+  for (const by of ["person", "group", "sweep", "notebook"]) {
+    for (const [name, hours] of Object.entries(usage[by] || {})) {
+      rows.push(el("tr", {}, el("td", {}, by), el("td", {}, name),
+        el("td", {}, hours.toFixed(2))));
+    }
+  }
+  $("pool-usage").querySelector("tbody").replaceChildren(...rows);
+  $("pool-usage").hidden = rows.length === 0;
+  $("no-usage").hidden = rows.length > 0;
+}
+
 // --- refresh loop -------------------------------------------------------------------------
 
 async function refresh() {
@@ -263,6 +298,7 @@ async function refresh() {
     if (state.selected === null && state.sweeps.length) state.selected = state.sweeps[0].id;
     renderSweeps();
     busy = state.sweeps.some((s) => ACTIVE.has(s.state));
+    await loadPool();
     const versions = await loadPromotedVersions();
     renderModels(versions);
     const sweep = state.sweeps.find((s) => s.id === state.selected);

@@ -12,6 +12,15 @@
 {{- end -}}
 {{- end -}}
 
+{{/*
+Prefix of cluster-scoped objects (PriorityClasses, Kueue ResourceFlavors and ClusterQueue):
+fullname plus a digest of namespace/release, so releases of one name in two namespaces (and
+two releases in one) never share, overwrite or delete each other's cluster-wide objects.
+*/}}
+{{- define "tunehub.clusterPrefix" -}}
+{{- printf "%s-%s" (include "tunehub.fullname" .) (sha256sum (printf "%s/%s" .Release.Namespace .Release.Name) | trunc 8) -}}
+{{- end -}}
+
 {{- define "tunehub.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -86,22 +95,25 @@ tolerations:
 {{- end -}}
 {{/*
 The PriorityClass of a role (core, notebook, sweepHigh, sweepNormal, sweepLow): the operator's
-existing class, or the chart's <fullname>-<role>-<value>. The value is in the name because a
-PriorityClass's value (and preemptionPolicy) is immutable: changing it makes a new class instead
-of a patch `helm upgrade` would fail on. (dict "ctx" . "role" "notebook")
+existing class, or the chart's <clusterPrefix>-<role>-<value>[-never]. The value (and, for
+notebooks, a preemptionPolicy of Never) is in the name because both are immutable: changing
+one makes a new class instead of a patch `helm upgrade` would fail on.
+(dict "ctx" . "role" "notebook")
 */}}
 {{- define "tunehub.priorityClass" -}}
 {{- $pc := index .ctx.Values.priorityClasses .role -}}
 {{- if $pc.name -}}
 {{- $pc.name -}}
 {{- else -}}
-{{- printf "%s-%s-%d" (include "tunehub.fullname" .ctx) (.role | kebabcase) (int $pc.value) -}}
+{{- $never := and (eq .role "notebook") (eq ($pc.preemptionPolicy | default "PreemptLowerPriority") "Never") -}}
+{{- printf "%s-%s-%d%s" (include "tunehub.clusterPrefix" .ctx) (.role | kebabcase) (int $pc.value) (ternary "-never" "" $never) -}}
 {{- end -}}
 {{- end -}}
 
-{{/* Kueue names: created ones carry the release's fullname so two releases never collide. */}}
+{{/* Kueue names: the created ClusterQueue carries the cluster prefix (namespace and release);
+the LocalQueue is namespaced and carries the fullname. */}}
 {{- define "tunehub.clusterQueue" -}}
-{{- .Values.kueue.existingClusterQueue | default .Values.kueue.clusterQueue | default (include "tunehub.fullname" .) -}}
+{{- .Values.kueue.existingClusterQueue | default .Values.kueue.clusterQueue | default (include "tunehub.clusterPrefix" .) -}}
 {{- end -}}
 {{- define "tunehub.localQueue" -}}
 {{- .Values.kueue.localQueue | default (include "tunehub.fullname" .) -}}
@@ -174,7 +186,7 @@ server's refusal. Refuse it before anything is applied, saying what to do instea
 {{- end -}}
 
 {{/* The toleration of GPU pods (flow style, one line): GPU nodes carry gpuNames.taintKey with
-NoSchedule. tuner/gpu_names.py builds the same for notebooks and trial Jobs. */}}
+NoSchedule. tunehub_base/gpu_names.py builds the same for notebooks and trial Jobs. */}}
 {{- define "tunehub.gpuToleration" -}}
 {key: {{ .Values.gpuNames.taintKey | quote }}, operator: Exists, effect: NoSchedule}
 {{- end -}}

@@ -13,11 +13,13 @@ from typing import Any
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tunehub_base.gpu_names import GpuNames
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.errors import TunehubError
-from tuner.gpu_names import GpuNames
 
 WATCH_SECONDS = 300  # server-side timeout of one watch request; the watch then resumes
+#: The most of one pod's output the tuner reads into memory for the trial's log.
+POD_LOG_BYTES = 16 * 2**20
 
 
 class ClusterUnavailable(TunehubError):
@@ -86,6 +88,7 @@ class Kube:
         self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
         self.scheduling = client.SchedulingV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
 
     async def close(self) -> None:
         await self.api.close()
@@ -124,6 +127,9 @@ class Kube:
         if kind == "Service":
             return await self._json(
                 self.core.create_namespaced_service(self.ns, obj, **kwargs))  # type: ignore[arg-type]
+        if kind == "NetworkPolicy":
+            return await self._json(self.networking.create_namespaced_network_policy(
+                self.ns, obj, **kwargs))  # type: ignore[arg-type]
         raise ValueError(f"unsupported kind {kind}")
 
     async def dry_run_warnings(self, obj: dict[str, Any]) -> list[str]:
@@ -137,11 +143,6 @@ class Kube:
             warnings,
         )
         return warnings
-
-    async def patch_secret(self, name: str, patch: dict[str, Any]) -> None:
-        await self._json(
-            self.core.patch_namespaced_secret(name, self.ns, patch, _preload_content=False)
-        )
 
     async def get_job(self, name: str) -> dict[str, Any] | None:
         try:
@@ -210,8 +211,11 @@ class Kube:
             await w.close()
 
     async def pod_log(self, name: str) -> str | None:
+        """The pod's output through the API server (``pods/log``), never through a file: the
+        first :data:`POD_LOG_BYTES` of it."""
         try:
-            return str(await self.core.read_namespaced_pod_log(name, self.ns))
+            return str(await self.core.read_namespaced_pod_log(
+                name, self.ns, limit_bytes=POD_LOG_BYTES))
         except ApiException:
             return None
 

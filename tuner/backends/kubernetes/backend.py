@@ -1,8 +1,10 @@
 """Trials as Kubernetes Jobs: one ``batch/v1`` Job per attempt, watched, never polled.
 
-Two watches (Jobs and pods labelled ``app.kubernetes.io/managed-by=tunehub`` in the namespace)
-feed every attempt's events, so the API load per trial is constant: create the Job and its
-token Secret, read the log once at the end, delete the Job when cancelled or at cleanup. A
+Two watches (Jobs and pods labelled ``app.kubernetes.io/managed-by=tunehub`` and this
+release's ``app.kubernetes.io/instance`` in the namespace: :func:`.manifests.selector`, the one
+selector of every list, watch and delete) feed every attempt's events, so the API load per
+trial is constant: create the Job, its token Secret and its NetworkPolicy, read the log once at
+the end (through the log API), delete the Job when cancelled or at cleanup. A
 third watch follows the Job controller's ``FailedCreate`` Events: an attempt whose pods the
 cluster refuses for now (namespace quota full, Pod Security) waits and says why.
 
@@ -40,9 +42,10 @@ from tuner.backends.kubernetes.job_pods import JOB_NAME_LABEL, first_failure, jo
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.backends.kubernetes.status import job_outcome, job_started, pod_failure, pod_problem
 from tuner.backends.kubernetes.watch import Listed, Watch
+from tuner.backends.kubernetes.workdir import hand_to_trial
+from tuner.lifecycle.states import CANCELLED_REASON, EventKind
+from tuner.sdk.training import ENV_TOKEN
 from tuner.spec import Resources, SweepSpec
-from tuner.states import CANCELLED_REASON, EventKind
-from tuner.trial import ENV_TOKEN
 
 log = logging.getLogger("tunehub.backends.kubernetes")
 
@@ -52,8 +55,6 @@ FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
 #: Refusals of a trial's pod that no waiting fixes (the pod spec itself is at fault): the
 #: namespace's Pod Security level, its LimitRange bounds.
 NEVER_ADMITTED = ("violates PodSecurity", "usage per Container is", "usage per Pod is")
-#: What each watch follows: (label selector, field selector).
-WATCHES = {"jobs": (m.SELECTOR, None), "pods": (m.SELECTOR, None), "events": ("", FAILED_CREATE)}
 
 
 @dataclass
@@ -124,10 +125,11 @@ class KubernetesBackend(Backend):
         if self.kube is not None:
             return
         self.kube = Kube(await connect(self.settings), self.settings.namespace)
+        mine = m.selector(self.settings)
         watches = [
-            Watch(self.kube, "jobs", WATCHES["jobs"], self._on_job, self._known_jobs),
-            Watch(self.kube, "pods", WATCHES["pods"], self._on_pod),
-            Watch(self.kube, "events", WATCHES["events"], self._on_event, if_forbidden=(
+            Watch(self.kube, "jobs", (mine, None), self._on_job, self._known_jobs),
+            Watch(self.kube, "pods", (mine, None), self._on_pod),
+            Watch(self.kube, "events", ("", FAILED_CREATE), self._on_event, if_forbidden=(
                 "may not watch Events: trials waiting for their pods (quota, Pod Security) "
                 "cannot say why")),
         ]
@@ -189,6 +191,14 @@ class KubernetesBackend(Backend):
         self._by_key[launch.key] = name
         adopted = False
         try:
+            hand_to_trial(self.settings.data_path, launch.workdir, launch.log_path,
+                          self.settings.run_as_group)
+        except OSError as exc:
+            self._forget(att)
+            await self._emit(launch, EventKind.FAILED,
+                             f"the trial's directory {launch.workdir}: {describe(exc)}")
+            return
+        try:
             try:
                 job = await kube.create(body)
             except ApiException as exc:
@@ -203,19 +213,17 @@ class KubernetesBackend(Backend):
             return
         try:
             token = launch.env.get(ENV_TOKEN, "")
-            secret = m.token_secret(self.settings, launch, token, job)
-            try:
-                await kube.create(secret)
-            except ApiException as exc:
-                if exc.status != 409 or not adopted:
-                    raise
-                await kube.patch_secret(secret["metadata"]["name"], {"stringData": secret[
-                    "stringData"]})
+            owned = [m.token_secret(self.settings, launch, token, job),
+                     m.island_policy(self.settings, launch, job)]
             if launch.resources.workers > 1:
+                owned.append(m.worker_service(self.settings, launch, job))
+            for obj in owned:
                 try:
-                    await kube.create(m.worker_service(self.settings, launch, job))
+                    await kube.create(obj)
                 except ApiException as exc:
-                    if exc.status != 409:
+                    # An adopted Job's objects exist already: its pods hold that Secret's
+                    # token. Never patched: the tuner may not change a Secret (RBAC).
+                    if exc.status != 409 or not adopted:
                         raise
         except Exception as exc:
             await self._stop(att, f"could not create the trial's objects: {describe(exc)}")
@@ -255,7 +263,8 @@ class KubernetesBackend(Backend):
             att.unschedulable.cancel()
         if kind == EventKind.SUCCEEDED or att.stop_reason is None:
             try:
-                await save_log(self._api(), att.job, att.pods, att.launch.log_path)
+                await save_log(self._api(), att.job, m.selector(self.settings), att.pods,
+                               self.settings.data_path, att.launch.log_path)
             except Exception as exc:  # the outcome matters more than the log
                 log.warning("reading the log of Job %s: %s", att.job, describe(exc))
         self._forget(att)
@@ -313,7 +322,7 @@ class KubernetesBackend(Backend):
     async def _pod_reason(self, att: _Attempt) -> str | None:
         """The Job failed before the pod watch told us why: read its pods once."""
         try:
-            pods = await job_pods(self._api(), att.job)
+            pods = await job_pods(self._api(), att.job, m.selector(self.settings))
         except Exception as exc:
             log.warning("listing the pods of Job %s: %s", att.job, describe(exc))
             return None
@@ -368,13 +377,15 @@ class KubernetesBackend(Backend):
     # --- restart and cleanup -------------------------------------------------------------
 
     async def _sweep_jobs(self, sweep_id: int) -> list[dict[str, Any]]:
-        listed = await self._api().list("jobs", f"{m.SELECTOR},{m.SWEEP_LABEL}={sweep_id}")
+        listed = await self._api().list(
+            "jobs", f"{m.selector(self.settings)},{m.SWEEP_LABEL}={sweep_id}")
         return list(listed.get("items") or [])
 
     async def reconcile(self, sweep_id: int, running: list[TrialLaunch]) -> set[tuple[int, int]]:
         """Adopt the unfinished Jobs of ``running`` attempts; delete every other Job of the
         sweep (older attempts, finished ones) so nothing runs beside a relaunch."""
-        wanted = {m.job_name(sweep_id, r.trial_id, r.attempt): r for r in running}
+        wanted = {m.job_name(self.settings, sweep_id, r.trial_id, r.attempt): r
+                  for r in running}
         adopted: set[tuple[int, int]] = set()
         for job in await self._sweep_jobs(sweep_id):
             name = job["metadata"]["name"]
@@ -392,10 +403,22 @@ class KubernetesBackend(Backend):
                 self._attempts[name] = att
                 self._by_key[launch.key] = name
                 adopted.add(launch.key)
+                await self._ensure_island(launch, job)
                 await self._on_job(job)
             else:
                 await self._api().delete_job(name)
         return adopted
+
+    async def _ensure_island(self, launch: TrialLaunch, job: dict[str, Any]) -> None:
+        """An adopted Job's NetworkPolicy: there already (409) unless the Job was made by a
+        tuner from before per-attempt islands, whose workers would otherwise not reach each
+        other under the chart's trial policy (it admits no trial)."""
+        try:
+            await self._api().create(m.island_policy(self.settings, launch, job))
+        except ApiException as exc:
+            if exc.status != 409:
+                log.warning("the NetworkPolicy of Job %s: %s", job["metadata"]["name"],
+                            describe(exc))
 
     async def cleanup(self, sweep_id: int) -> None:
         """Delete the sweep's Jobs (their pods, Secrets and Services go with them). Best

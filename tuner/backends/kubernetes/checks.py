@@ -14,12 +14,12 @@ from pathlib import Path
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tunehub_base.settings import load_settings
 from tuner.backends._base import TrialLaunch
 from tuner.backends.kubernetes import manifests as m
 from tuner.backends.kubernetes.api import ClusterUnavailable, Kube, api_message, connect, describe
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.errors import TunehubError
-from tuner.settings import load_settings
 from tuner.spec import SpecError, SweepSpec
 
 

@@ -1,23 +1,27 @@
 """The Kubernetes objects of one trial attempt, as plain dicts: a ``batch/v1`` Job, the Secret
-holding the trial's token, and (multi-worker trials) a headless Service.
+holding the trial's token, the NetworkPolicy that makes the attempt a network island, and
+(multi-worker trials) a headless Service.
 
 Pure functions of the settings and the launch, so they are tested directly against the
-Kubernetes OpenAPI schema. Names are deterministic (``tunehub-s<sweep>-t<trial>-a<attempt>``):
-creating an attempt twice hits 409 AlreadyExists instead of running it twice.
+Kubernetes OpenAPI schema. Names are deterministic (``<release>-s<sweep>-t<trial>-a<attempt>``):
+creating an attempt twice hits 409 AlreadyExists instead of running it twice, and two releases
+in one namespace never name (nor select, :func:`selector`) each other's objects.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 from tuner.backends._base import TrialLaunch
 from tuner.backends.kubernetes.settings import KubeSettings
+from tuner.sdk.training import ENV_TOKEN
 from tuner.spec import Resources
-from tuner.trial import ENV_TOKEN
 
 MANAGED_BY = "tunehub"
 SWEEP_LABEL = "tunehub.io/sweep"
@@ -27,12 +31,31 @@ OWNER_ANNOTATION = "tunehub.io/owner"
 GPUS_ANNOTATION = "tunehub.io/gpus"
 LOG_ANNOTATION = "tunehub.io/log-path"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
 TF_PORT = 2222
-SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+#: A release name used as it is in object names: a DNS-1035 label short enough to leave room
+#: for ``-s<sweep>-t<trial>-a<attempt>-<worker>`` within 63 characters (pod hostnames).
+_PLAIN_PREFIX = re.compile(r"[a-z]([-a-z0-9]{0,18}[a-z0-9])?")
 
 
-def job_name(sweep_id: int, trial_id: int, attempt: int) -> str:
-    return f"tunehub-s{sweep_id}-t{trial_id}-a{attempt}"
+def selector(settings: KubeSettings) -> str:
+    """What every list, watch and delete of the backend selects: tunehub's objects of this
+    release only (``app.kubernetes.io/instance``), never another release's in the namespace."""
+    return f"app.kubernetes.io/managed-by={MANAGED_BY},{INSTANCE_LABEL}={settings.instance}"
+
+
+def name_prefix(settings: KubeSettings) -> str:
+    """The release in object names: the release name itself when it is a short DNS label
+    (``tunehub`` by default), else ``th-`` and a digest of it."""
+    if _PLAIN_PREFIX.fullmatch(settings.instance):
+        return settings.instance
+    return "th-" + hashlib.sha256(settings.instance.encode()).hexdigest()[:10]
+
+
+def job_name(settings: KubeSettings, sweep_id: int, trial_id: int, attempt: int) -> str:
+    """Per release: the digits-only parts parsed from the right make the name unambiguous, so
+    two releases' names never coincide."""
+    return f"{name_prefix(settings)}-s{sweep_id}-t{trial_id}-a{attempt}"
 
 
 def secret_name(job: str) -> str:
@@ -43,7 +66,7 @@ def labels(settings: KubeSettings, launch: TrialLaunch) -> dict[str, str]:
     """The recommended ``app.kubernetes.io/*`` labels plus what finds the attempt again."""
     return {
         "app.kubernetes.io/name": "tunehub",
-        "app.kubernetes.io/instance": settings.instance,
+        INSTANCE_LABEL: settings.instance,
         "app.kubernetes.io/component": "trial",
         "app.kubernetes.io/part-of": "tunehub",
         "app.kubernetes.io/managed-by": MANAGED_BY,
@@ -113,24 +136,30 @@ def sweep_root(workdir: Path) -> Path:
 
 
 def data_mounts(settings: KubeSettings, launch: TrialLaunch) -> list[dict[str, Any]]:
-    """What a trial pod sees of the data volume: the shared subpaths read-only (datasets) and
-    its own sweep's directory read-write (code snapshot, its working directory, its model
-    output). Never the whole volume: it also holds tunehub's home (every user's sweeps and
-    logs), the registry and other users' areas."""
+    """What a trial pod sees of the data volume: the shared subpaths and its sweep's code
+    snapshot read-only, and its own trial directory read-write (working directory, log,
+    model output). Nothing else: not the whole volume (tunehub's home, every user's sweeps
+    and logs, the registry, other users' areas), and not the sweep's directory either, so no
+    directory above its own is the trial's to replace with a link the tuner would follow
+    (:mod:`.workdir`)."""
     mounts: list[dict[str, Any]] = [
         {"name": "data", "mountPath": str(settings.data_path / sub), "subPath": sub,
          "readOnly": True}
         for sub in settings.shared_subpaths
     ]
     root = sweep_root(launch.workdir)
-    mounts.append({"name": "data", "mountPath": str(root),
-                   "subPath": relative_to_data(settings, root)})
+    if root != launch.workdir:
+        code = root / "code"  # tuner.sweep_store: the snapshot the workdir's links point into
+        mounts.append({"name": "data", "mountPath": str(code),
+                       "subPath": relative_to_data(settings, code), "readOnly": True})
+    mounts.append({"name": "data", "mountPath": str(launch.workdir),
+                   "subPath": relative_to_data(settings, launch.workdir)})
     return mounts
 
 
 def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     """The Job of one attempt. ``backoffLimit: 0``: retries belong to the controller."""
-    name = job_name(launch.sweep_id, launch.trial_id, launch.attempt)
+    name = job_name(settings, launch.sweep_id, launch.trial_id, launch.attempt)
     res = launch.resources
     meta_labels = labels(settings, launch)
     if settings.queue:
@@ -199,6 +228,9 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
             "runAsUser": settings.run_as_user,
             "runAsGroup": settings.run_as_group,
             "fsGroup": settings.run_as_group,
+            # Not a recursive chgrp/chmod of the whole shared volume at every trial start,
+            # which would also make the tuner's files in it (trial.log) group-writable.
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
@@ -283,6 +315,37 @@ def token_secret(
             "ownerReferences": [owner_reference(owner)],
         },
         "stringData": {"token": token},
+    }
+
+
+def island_policy(
+    settings: KubeSettings, launch: TrialLaunch, owner: dict[str, Any]
+) -> dict[str, Any]:
+    """The NetworkPolicy making the attempt its own network island: its pods admit, and may
+    open, connections only among themselves, on every port (TensorFlow's gRPC, NCCL's
+    ephemeral ports, whatever the trial listens on: no port list to keep up to date).
+    Policies add up, so what the release-wide trial policy of the chart allows (egress to
+    the tuner's report route, DNS, ``networkPolicy.extraEgress``) still holds; that policy
+    admits no ingress to trials, so nobody else reaches the attempt. Owned by the Job: it
+    goes with it. Its pods are selected by the Job's name (the label the Job controller
+    puts on them) and this release."""
+    name = owner["metadata"]["name"]
+    pods = {"matchLabels": {"batch.kubernetes.io/job-name": name,
+                            INSTANCE_LABEL: settings.instance}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": name,
+            "labels": labels(settings, launch),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "podSelector": pods,
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": pods}]}],
+            "egress": [{"to": [{"podSelector": pods}]}],
+        },
     }
 
 

@@ -25,7 +25,7 @@ cluster, set them yourself and point ``KUBECONFIG`` at a cluster.
                                      tuner may not read Nodes)
 ``TUNEHUB_K8S_GPU_RESOURCE``,        how the cluster names GPUs: the extended resource,
 ``TUNEHUB_K8S_GPU_PRODUCT_LABEL``,   the nodes' GPU model label and the GPU nodes' taint
-``TUNEHUB_K8S_GPU_TAINT_KEY``        key (defaults: :class:`tuner.gpu_names.GpuNames`,
+``TUNEHUB_K8S_GPU_TAINT_KEY``        key (defaults: :class:`tunehub_base.gpu_names.GpuNames`,
                                      the chart's ``gpuNames``)
 ``TUNEHUB_K8S_QUEUE``                Kueue LocalQueue; set: Jobs start suspended with
                                      ``kueue.x-k8s.io/queue-name`` (default: none)
@@ -39,7 +39,11 @@ cluster, set them yourself and point ``KUBECONFIG`` at a cluster.
                                      ``trial_timeout`` (``2h``; default: none)
 ``TUNEHUB_K8S_IMAGE_PULL_SECRETS``   JSON list of Secret names (or ``{"name": ...}``)
 ``TUNEHUB_K8S_SERVICE_ACCOUNT``      service account of trial pods (default: namespace's)
-``TUNEHUB_K8S_RUN_AS_USER`` / ``_GROUP`` uid / gid of trial processes (1000 / 100)
+``TUNEHUB_K8S_RUN_AS_USER`` / ``_GROUP`` uid / gid of trial processes (1000 / 100); the uid
+                                     must not be the tuner's own (refused): a trial
+                                     may never write as the process that reads its
+                                     directory. The tuner must be in the group (the
+                                     chart's ``fsGroup``) to hand it the trial's directory
 ``TUNEHUB_K8S_TTL_SECONDS``          ``ttlSecondsAfterFinished`` (default 3600)
 ``TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT`` seconds a pod may stay unschedulable before the
                                      attempt fails with the scheduler's message (default
@@ -63,8 +67,8 @@ from typing import Any
 
 import yaml
 
-from tuner.gpu_names import GpuNames
-from tuner.settings import load_settings
+from tunehub_base.gpu_names import GpuNames
+from tunehub_base.settings import load_settings
 from tuner.spec import PRIORITIES, SpecError, parse_duration
 
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -126,6 +130,10 @@ class KubeSettings:
         timeout = env.get("TUNEHUB_K8S_TRIAL_TIMEOUT") or None
         classes = {p: f"tunehub-sweep-{p}" for p in PRIORITIES}
         classes.update(_json_map(env, "TUNEHUB_K8S_PRIORITY_CLASSES"))
+        run_as_user = _int(env, "TUNEHUB_K8S_RUN_AS_USER", 1000, minimum=1)
+        if run_as_user == os.geteuid():
+            raise SpecError("TUNEHUB_K8S_RUN_AS_USER", f"{run_as_user} is the tuner's own uid; "
+                            "trials must run as another uid (the chart's sweeps.runAsUser)")
         return cls(
             namespace=namespace,
             data_path=load_settings(dict(env)).data,
@@ -142,7 +150,7 @@ class KubeSettings:
             default_timeout=parse_duration(timeout, "TUNEHUB_K8S_TRIAL_TIMEOUT"),
             image_pull_secrets=_pull_secrets(env.get("TUNEHUB_K8S_IMAGE_PULL_SECRETS", "")),
             service_account=env.get("TUNEHUB_K8S_SERVICE_ACCOUNT", ""),
-            run_as_user=_int(env, "TUNEHUB_K8S_RUN_AS_USER", 1000, minimum=1),
+            run_as_user=run_as_user,
             run_as_group=_int(env, "TUNEHUB_K8S_RUN_AS_GROUP", 100),
             ttl_seconds=_int(env, "TUNEHUB_K8S_TTL_SECONDS", 3600),
             unschedulable_timeout=float(_int(env, "TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT", 300)),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tuner.states import EventKind
+from tuner.lifecycle.states import EventKind
 
 #: Waiting reasons after which a container never starts by itself.
 FATAL_WAITING = {

@@ -1,0 +1,1 @@
+"""Code that runs inside people's notebook servers (jupyterhub-singleuser), not in the hub."""

@@ -1,0 +1,200 @@
+"""Warm trial starts: a process that imports TensorFlow once and forks each trial from itself.
+
+A new Python process importing TensorFlow costs seconds; a fork of one that already did costs
+milliseconds. Every trial still gets a process of its own (a fresh Keras session, its own
+memory), so a trial that crashes or leaks cannot affect the next one: it is only the imports that
+are shared, copy-on-write.
+
+Protocol: JSON lines over a socket pair with the backend. ``{"op": "spawn", "id", "argv",
+"cwd", "env", "island"}`` in, each preceded by one descriptor on a second socket pair
+(``SCM_RIGHTS``): the write end of the pipe the trial's stdout and stderr become, opened by the
+tuner; ``{"op": "spawned", "id", "pid"}``, ``{"op": "exited", "id", "code"}``
+and ``{"op": "error", "id", "error"}`` out. ``code`` is negative for a signal, like asyncio's.
+A spawned child waits, before anything else, until ``{"op": "go", "id"}`` comes in: meanwhile
+the backend (root) places it in its attempt's cgroup (:mod:`tuner.backends.local.cgroups`), so
+not one line of the trial's code runs outside it; ``{"op": "abort", "id"}`` makes it exit.
+
+Run as ``python -m tuner.backends.local.zygote_process FD FD_CHANNEL MODULE[,MODULE...]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+
+# runpy.run_path imports pkgutil on each call: imported here, once, it is not loaded again
+# inside every forked trial (a millisecond of every trial's life).
+import pkgutil  # noqa: F401
+import random
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+from tuner.backends.local.netns import enter_as_owner
+from tuner.backends.local.parent_death import die_with_parent as _die_with_parent
+
+
+def _run_child(request: dict[str, Any], sock: socket.socket, gate: int) -> None:
+    """In the forked child: wait at ``gate`` for the backend's go, then become the trial.
+    Never returns."""
+    code = 1
+    try:
+        sock.close()
+        if os.read(gate, 1) != b"1":  # aborted, or the zygote died: never run the trial
+            os._exit(1)
+        os.close(gate)
+        os.setsid()
+        _die_with_parent()
+        fd = request["output"]
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        sys.stdout = os.fdopen(1, "w", buffering=1)
+        sys.stderr = os.fdopen(2, "w", buffering=1)
+        if request.get("island"):  # its attempt's network island, before any of its code
+            enter_as_owner(*request["island"])
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        # A fork copies the random state: reseed so trials do not share "random" numbers.
+        random.seed()
+        np = sys.modules.get("numpy")
+        if np is not None:
+            np.random.seed(int.from_bytes(os.urandom(4), "little"))
+        args = request["argv"]
+        sys.path.insert(0, request["cwd"])
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args)
+            sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+            runpy.run_path(args[0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _preload(modules: list[str]) -> None:
+    """Import ``modules`` with file descriptor 2 silenced: TensorFlow's import chatter (oneDNN,
+    absl) would otherwise land on the terminal of whoever runs the sweep. A module that fails to
+    import is skipped; the trial that needs it reports the error in its own log."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    sys.stderr.flush()
+    os.dup2(devnull, 2)
+    try:
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                pass
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def serve(fd: int, fd_channel: int, preload: list[str]) -> None:
+    _die_with_parent()
+    _preload(preload)
+    sock = socket.socket(fileno=fd)
+    channel = socket.socket(fileno=fd_channel)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ, "sock")
+    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    children: dict[int, str] = {}
+    gates: dict[str, int] = {}  # spawned children waiting for their go, by id
+    buffer = b""
+
+    def send(message: dict[str, Any]) -> None:
+        sock.sendall(json.dumps(message).encode() + b"\n")
+
+    send({"op": "ready", "pid": os.getpid()})
+    while True:
+        for key, _ in sel.select():
+            if key.data == "wake":
+                os.read(wake_r, 4096)
+            else:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return  # the backend went away; our children die with us
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    request = json.loads(line)
+                    if request.get("op") in ("go", "abort"):
+                        gate = gates.pop(request["id"], None)
+                        if gate is not None:
+                            try:
+                                if request["op"] == "go":
+                                    os.write(gate, b"1")
+                            except BrokenPipeError:
+                                pass  # it died before its go: waitpid reports that below
+                            finally:
+                                os.close(gate)
+                        continue
+                    _, fds, _, _ = socket.recv_fds(channel, 1, 1)
+                    request["output"] = fds[0]
+                    wait, gate = os.pipe()
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:
+                        os.close(wait)
+                        os.close(gate)
+                        os.close(fds[0])
+                        send({"op": "error", "id": request["id"], "error": str(exc)})
+                        continue
+                    if pid == 0:
+                        os.close(gate)
+                        for other in gates.values():
+                            os.close(other)
+                        channel.close()
+                        _run_child(request, sock, wait)
+                    os.close(wait)
+                    os.close(fds[0])  # only the trial holds its pipe: it ends when they do
+                    gates[request["id"]] = gate
+                    children[pid] = request["id"]
+                    send({"op": "spawned", "id": request["id"], "pid": pid})
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            send({"op": "exited", "id": children.pop(pid, ""), "pid": pid, "code": code})
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), int(sys.argv[2]),
+          [m for m in sys.argv[3].split(",") if m] if len(sys.argv) > 3 else [])

@@ -1,0 +1,89 @@
+"""``tunehub pool`` and ``tunehub usage``: who holds each GPU, and the GPU-hours allocated."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from rich.table import Table
+
+from tuner.cli import context
+from tuner.cli.errors import EXIT_FAILED, CliError
+from tuner.cli.render import console, print_json
+from tuner.pool_view import parse_since, pool_view, usage_view
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    pool = sub.add_parser("pool", help="the GPU pool: each GPU, who holds it, since when")
+    pool.add_argument("--json", action="store_true", help="machine-readable output")
+    pool.set_defaults(handler=cmd_pool)
+
+    usage = sub.add_parser("usage", help="GPU-hours allocated per person, group, sweep, notebook")
+    usage.add_argument("--since", required=True,
+                       help="start of the period: a date (2026-11-01) or ISO date and time (UTC)")
+    usage.add_argument("--json", action="store_true", help="machine-readable output")
+    usage.set_defaults(handler=cmd_usage)
+
+
+def _remote() -> Any:
+    if not os.environ.get("TUNEHUB_API_URL"):
+        return None
+    from tuner.sdk.client import TunerClient
+
+    return TunerClient()
+
+
+def _local(view: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    lock_dir = context.settings().gpu_locks_dir
+    try:
+        return view(lock_dir, *args)
+    except OSError as exc:
+        raise CliError(f"cannot read the pool's records in {lock_dir} ({exc.strerror or exc}); "
+                       "only the platform reads them there: ask the tuner service instead (a "
+                       "notebook terminal sets TUNEHUB_API_URL)", EXIT_FAILED) from None
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    client = _remote()
+    view = client.request("GET", "pool") if client else _local(pool_view)
+    if args.json:
+        print_json(view)
+        return 0
+    table = Table(title=f"GPU pool: {view['held']} of {view['total']} held ({view['gpu_source']})")
+    for col in ("gpu", "state", "person", "holder", "since", "utilization"):
+        table.add_column(col)
+    for row in view["gpus"]:
+        holder = row.get("holder") or {}
+        table.add_row(str(row["gpu"]), row["state"], holder.get("person") or "-",
+                      holder.get("what") or ("-" if row["state"] == "free" else "unknown"),
+                      row.get("since_iso") or "-",
+                      "-" if row.get("utilization") is None else f"{row['utilization']:.0%}")
+    console.print(table)
+    return 0
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    since = parse_since(args.since)
+    client = _remote()
+    if client:
+        view = client.request("GET", "usage?since=" + urllib.parse.quote(args.since))
+    else:
+        view = _local(usage_view, since)
+    if args.json:
+        print_json(view)
+        return 0
+    console.print(f"GPU-hours allocated from {view['since_iso']} to {view['until_iso']}: "
+                  f"{view['gpu_hours']:.2f}")
+    for key in ("person", "group", "sweep", "notebook"):
+        if not view[key]:
+            continue
+        table = Table(title=f"by {key}")
+        table.add_column(key)
+        table.add_column("GPU-hours", justify="right")
+        for name, hours in sorted(view[key].items(), key=lambda kv: -kv[1]):
+            table.add_row(name, f"{hours:.2f}")
+        console.print(table)
+    return 0

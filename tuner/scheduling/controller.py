@@ -1,0 +1,561 @@
+"""The sweep controller schedules: it decides when to ask Optuna for a trial, when to launch an
+attempt, and what a backend event or a report means for the trial; everything else it hands to
+one module each (rows and states: :mod:`tuner.lifecycle.ledger`; recovery:
+:mod:`tuner.scheduling.recovery`; files: :mod:`tuner.scheduling.workdirs`; tokens and
+environment: :mod:`tuner.scheduling.trial_env`; the model at the end:
+:mod:`tuner.scheduling.promotion`).
+
+What it keeps is in memory (the running attempts, the counters, the study's mirror): it reacts
+to backend events and never polls trials, and each event costs a database transaction or two
+whatever the sweep's size. The sampler and the pruner see a bounded view of the study once
+it is large (:mod:`tuner.search.sampling_view`), so their cost stops growing with it too. Only a
+restart reads the whole sweep, once, to recover.
+
+The event loop is kept for what is on a running trial's path (its launch, its reports, its
+exit): the sampler's ask and a finished trial's ledger write and tell run in worker threads,
+the study's lock (:class:`~tuner.search.mirror.StudyMirror`) keeping them apart. With trials of a
+fraction of a second, each of these blocked the loop for 10-25 ms, and the other trials'
+reports and exits queued behind them.
+
+A :class:`~tuner.scheduling.host.SweepHost` hosts controllers and routes reports and events to
+them; the controller knows its host only as :class:`ControllerHost`. Code outside the package
+watches a controller's steps through :class:`ControllerObserver` (the benchmarks time them so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from tunehub_base.settings import Settings
+from tuner import metrics
+from tuner.backends._base import COLD, Backend, TrialEvent, TrialLaunch
+from tuner.db import Database
+from tuner.errors import Conflict, Unauthorized
+from tuner.lifecycle.ledger import Counts, Ledger
+from tuner.lifecycle.liveness import HEARTBEAT_SECONDS
+from tuner.lifecycle.states import (
+    CANCELLED_REASON,
+    SWEEP_CANCELLED,
+    SWEEP_STOPPED,
+    EventKind,
+    SweepState,
+    TrialState,
+)
+from tuner.lifecycle.trial_paths import TrialPaths
+from tuner.limits import Limits
+from tuner.scheduling.attempts import Running, RunningAttempts
+from tuner.scheduling.promotion import SweepOrigin, register_best
+from tuner.scheduling.recovery import Recovery
+from tuner.scheduling.trial_env import AttemptIdentity, new_token, token_matches, trial_env
+from tuner.scheduling.workdirs import log_tail, prepare_workdir, write_attempt_header
+from tuner.search.mirror import StudyMirror, load_mirror
+from tuner.spec import SweepSpec
+from tuner.sweep_store import sweep_dir
+
+if TYPE_CHECKING:
+    from tuner.serving.registry import Registry
+
+__all__ = ["ControllerHost", "ControllerObserver", "SweepController"]
+
+log = logging.getLogger("tunehub.controller")
+
+WAKE_SECONDS = 1.0  # re-check free resources / cancellation when no event arrives
+
+
+class ControllerObserver:
+    """Watches a controller's steps from outside, the way Ray Tune's ``Callback`` watches its
+    trials: subclass it, override what you need, and add it to the host's ``observers``.
+    Each hook gets the sweep, the trial and how long the step took (``seconds``, a
+    ``time.perf_counter`` difference); it runs where the step ran (``on_trial_asked`` in the
+    worker thread of the ask, the others on the event loop) and must be quick. An observer
+    that raises stops the sweep like a bug in the controller would: it is not caught."""
+
+    def on_trial_asked(self, sweep_id: int, trial_id: int, seconds: float) -> None:
+        """The sampler gave a new trial; its pending row and directory exist."""
+
+    def on_trial_start(
+        self, sweep_id: int, trial_id: int, attempt: int, launched_at: float, seconds: float
+    ) -> None:
+        """An attempt of the trial was handed to the backend: ``launched_at`` is the wall-clock
+        moment (``time.time()``) the controller began launching it."""
+
+    def on_report(
+        self, sweep_id: int, trial_id: int, step: int | None, value: float, pruned: bool,
+        seconds: float,
+    ) -> None:
+        """A report of a running attempt was judged (``pruned``: the answer it got)."""
+
+    def on_trial_end(
+        self, sweep_id: int, trial_id: int, state: TrialState, value: float | None,
+        seconds: float,
+    ) -> None:
+        """The trial's end was written by the ledger and told to Optuna."""
+
+
+class ControllerHost(Protocol):
+    """What a controller needs of the process that hosts it
+    (:class:`~tuner.scheduling.host.SweepHost`)."""
+
+    db: Database
+    ledger: Ledger
+    settings: Settings
+    backends: dict[str, Backend]
+    api_url: str
+    stable_api_url: bool
+    registry: Registry | None
+    observers: list[ControllerObserver]
+
+    def track(self, trial_id: int, controller: SweepController) -> None: ...
+
+    def untrack(self, trial_id: int) -> None: ...
+
+    def admits(self, owner: str, workers: int) -> bool: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+
+class SweepController:
+    """Drives one sweep from its current state to completed, failed or cancelled."""
+
+    def __init__(self, engine: ControllerHost, sweep_id: int) -> None:
+        self.engine = engine
+        self.ledger = engine.ledger
+        self.sweep_id = sweep_id
+        self.events: asyncio.Queue[TrialEvent | None] = asyncio.Queue()
+        self.running = RunningAttempts(
+            on_add=lambda trial_id: engine.track(trial_id, self), on_remove=engine.untrack)
+        self.relaunch: deque[int] = deque()  # trial ids waiting for their next attempt
+        self.ready: int | None = None  # a trial asked ahead, waiting for a free slot
+        self.owner_queued: int | None = None  # the ready trial, told it waits for its owner's cap
+        # The ask ahead while it runs in a worker thread: its trial id once done.
+        self.asking: asyncio.Future[int] | None = None
+        self.created = 0
+        self.cancel_requested = False
+        # Set when the sweep stops itself (too many failed trials): why, for the user.
+        self.stop_reason: str | None = None
+        self.counts = Counts()
+        self.last_failure: str | None = None  # "trial N: reason" + its log's last lines
+        sweep = self.ledger.sweep(sweep_id)
+        self.owner = sweep.owner
+        self.cold_start = sweep.cold_start
+        self.name = sweep.name
+        self.code_dir = Path(sweep.code_dir) if sweep.code_dir else None
+        self.spec = SweepSpec.from_dict(sweep.spec)
+        backend = engine.backends.get(sweep.backend)
+        if backend is None:
+            raise Conflict(f"sweep {sweep_id} needs the {sweep.backend} backend")
+        self.backend = backend
+        self.dir = sweep_dir(engine.settings, sweep_id)
+        self.study_name = sweep.study_name
+        # The study in memory, kept in step with the database's: asks and should_prune never
+        # read the sweep's history back from the database (tuner.search.mirror). Loaded by run(),
+        # off the event loop.
+        self.study: StudyMirror
+
+    # --- ownership -----------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """Become the sweep's controller, unless a live one already is."""
+        if self.ledger.claim(self.sweep_id) == SweepState.CANCELLING:
+            self.cancel_requested = True
+
+    def cancel(self) -> None:
+        """Stop the sweep: its attempts are cancelled and it ends ``cancelled``."""
+        self.cancel_requested = True
+        self.wake()
+
+    def wake(self) -> None:
+        """Have the loop look again at once (a slot may be free), not at its next tick."""
+        self.events.put_nowait(None)
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> SweepState:
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat())
+        try:
+            # Reading a resumed sweep's whole study takes a while (about a second at 10,000
+            # trials): in a thread, so the engine's other sweeps and the report API go on.
+            self.study = await asyncio.to_thread(
+                load_mirror, self.spec, self.study_name, self.engine.db.url)
+            await self._recover()
+            while True:
+                if self.cancel_requested or self.stop_reason is not None:
+                    await self.asked_ahead()
+                    await self._cancel_running()
+                    break
+                await self._fill()
+                if self._done():
+                    break
+                event = await self._next_event()
+                if event is not None:
+                    await self._handle(event)
+        except asyncio.CancelledError:
+            # The engine is shutting down: leave the sweep claimable by the next controller,
+            # once an ask ahead has written its row (whoever ends the sweep next must see it).
+            try:
+                await self.asked_ahead()
+            except Exception:  # its trial, if created in Optuna, is recovered by the next one
+                log.exception("sweep %s: the ask ahead failed during shutdown", self.sweep_id)
+            self.ledger.release(self.sweep_id)
+            raise
+        finally:
+            heartbeat.cancel()
+        return await self._finish()
+
+    async def _next_event(self) -> TrialEvent | None:
+        """The next backend event; None after ``WAKE_SECONDS`` without one, or on a wake-up.
+
+        Not ``asyncio.wait_for``: on Python 3.11 it swallows the task's cancellation when an
+        event arrives in the same moment, and the engine's close then waits forever. A
+        cancelled ``Queue.get`` leaves its item in the queue, so nothing is lost here."""
+        getter = asyncio.ensure_future(self.events.get())
+        try:
+            done, _ = await asyncio.wait({getter}, timeout=WAKE_SECONDS)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        return getter.result() if done else None
+
+    def _done(self) -> bool:
+        return (not self.running and not self.relaunch and self.ready is None
+                and self.asking is None and self.created >= self.spec.trials)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)  # a periodic timer, not synchronisation
+            state = self.ledger.heartbeat(self.sweep_id)
+            if state is None:
+                return
+            if state == SweepState.CANCELLING and not self.cancel_requested:
+                self.cancel()
+
+    async def _recover(self) -> None:
+        recovered = await Recovery(
+            self.sweep_id, self.spec, self.dir, self.study, self.ledger, self.backend,
+            self.running, self.engine.stable_api_url,
+        ).run()
+        self.created, self.relaunch, self.counts = (
+            recovered.created, recovered.relaunch, recovered.counts)
+
+    # --- scheduling ----------------------------------------------------------------------
+
+    def _slot_free(self) -> bool:
+        return (len(self.running) < self.spec.parallelism and not self.cancel_requested
+                and self._can_launch())
+
+    def _can_launch(self) -> bool:
+        """An attempt may start now: within its owner's cap on concurrent workers (all their
+        sweeps on this host together; :mod:`tuner.limits`) and the backend has room (GPUs).
+        Otherwise the trial waits, pending, and the loop looks again on the next event."""
+        return self._owner_admits() and self.backend.can_launch(self.spec.resources)
+
+    def _owner_admits(self) -> bool:
+        return self.engine.admits(self.owner, self.spec.resources.workers)
+
+    def _queue_behind_owner(self) -> None:
+        """Over its owner's cap: the next trial waits as a pending row that says why (asked
+        ahead now if need be), until one of the owner's attempts ends and the host wakes us."""
+        if self.ready is None:
+            self._ask_ahead()
+        elif self.ready != self.owner_queued:
+            self.owner_queued = self.ready
+            self.ledger.set_reasons({self.ready: self.engine.limits.waiting_reason(self.owner)})
+
+    async def _start_ready(self) -> None:
+        """Start the trial asked ahead in the slot that just freed, before the bookkeeping of
+        the trial that freed it: the slot idles for a launch, not for a database round."""
+        self._take_asked()
+        if self.ready is not None and self._slot_free():
+            trial_id, self.ready = self.ready, None
+            await self._launch(trial_id)
+
+    async def _fill(self) -> None:
+        self._take_asked()
+        while len(self.running) < self.spec.parallelism and not self.cancel_requested:
+            if not self.relaunch and self.ready is None and (
+                    self.asking is not None or self.created >= self.spec.trials):
+                return  # (a trial being asked takes the slot once ready: it wakes the loop)
+            if not self._owner_admits():
+                self._queue_behind_owner()
+                return
+            if not self.backend.can_launch(self.spec.resources):
+                return
+            if self.relaunch:
+                trial_id = self.relaunch.popleft()
+            elif self.ready is not None:
+                trial_id, self.ready = self.ready, None
+            else:
+                self.created += 1
+                trial_id = await asyncio.to_thread(self._ask)
+                if not self._can_launch():
+                    # While it was asked, another sweep of the owner took the last slot under
+                    # their cap: the trial waits, asked, for the next one.
+                    self.ready = trial_id
+                    return
+            await self._launch(trial_id)
+        # Every slot busy: ask for the next trial now, while they run, so the slot the next
+        # finished trial frees starts at once instead of waiting for the sampler (the trial is
+        # a pending row: cancel cancels it, resume launches it). The sampler and the inserts
+        # run in a worker thread: the event loop goes on serving the running trials' reports
+        # and exits meanwhile, and the finished ask wakes the loop.
+        if len(self.running) >= self.spec.parallelism:
+            self._ask_ahead()
+
+    def _ask_ahead(self) -> None:
+        """Ask for the next trial in a worker thread, unless one is asked or waiting already
+        or none is left; it wakes the loop when done."""
+        if (self.ready is None and self.asking is None and not self.relaunch
+                and not self.cancel_requested and self.created < self.spec.trials):
+            self.created += 1
+            self.asking = asyncio.ensure_future(asyncio.to_thread(self._ask))
+            self.asking.add_done_callback(lambda _: self.events.put_nowait(None))
+
+    def _take_asked(self) -> None:
+        """The ask ahead, once its thread is done, becomes the ready trial (its error, if it
+        failed, is raised here)."""
+        if self.asking is not None and self.asking.done():
+            asking, self.asking = self.asking, None
+            self.ready = asking.result()
+
+    async def asked_ahead(self) -> None:
+        """Wait for an ask ahead still in its thread: its trial is a row the sweep's end (or
+        the next controller) must see, not one written after it."""
+        if self.asking is not None:
+            await asyncio.wait({self.asking})
+            self._take_asked()
+
+    def _ask(self) -> int:
+        """A new trial from the sampler, with its pending row and its directory (made while
+        it waits, not when its slot frees); runs in a worker thread (the study's lock keeps
+        the loop's reports and tells out of it meanwhile)."""
+        began = time.perf_counter()
+        asked = self.study.ask(self.spec.distributions())
+        paths = TrialPaths.new(self.dir, asked.number)
+        trial_id = self.ledger.add_trial(self.sweep_id, asked.number, asked.trial_id,
+                                         asked.params, paths)
+        prepare_workdir(paths, self.code_dir)
+        for observer in self.engine.observers:
+            observer.on_trial_asked(self.sweep_id, trial_id, time.perf_counter() - began)
+        return trial_id
+
+    async def _launch(self, trial_id: int) -> None:
+        launched_at, began = time.time(), time.perf_counter()
+        token, token_hash = new_token()
+        start = self.ledger.start_attempt(self.sweep_id, trial_id, token_hash)
+        if trial_id == self.owner_queued:  # its wait is over
+            self.owner_queued = None
+            self.ledger.set_reasons({trial_id: None})
+        prepare_workdir(start.paths, self.code_dir)
+        write_attempt_header(start.paths.log_path, start.number, start.attempt,
+                             start.previous_reason)
+        who = AttemptIdentity(self.sweep_id, trial_id, start.number, start.attempt, token,
+                              self.engine.api_url)
+        env = trial_env(self.spec.env, who, start.params, start.paths.artifact_dir,
+                        self.engine.settings.data, start.paths.checkpoint_dir)
+        metrics.TRIALS_LAUNCHED.inc()
+        self.running.add(Running(
+            trial_id=trial_id,
+            number=start.number,
+            attempt=start.attempt,
+            token_hash=token_hash,
+            optuna_trial=self.study.trial(start.number, start.optuna_trial_id),
+            paths=start.paths,
+        ))
+        await self.backend.launch(TrialLaunch(
+            sweep_id=self.sweep_id,
+            trial_id=trial_id,
+            number=start.number,
+            attempt=start.attempt,
+            command=self.spec.command,
+            workdir=start.paths.workdir,
+            env=env,
+            resources=self.spec.resources,
+            timeout=self.spec.trial_timeout,
+            log_path=start.paths.log_path,
+            priority=self.spec.priority,
+            owner=self.owner,
+            sweep_name=self.name,
+            preload=self.spec.preload,
+        ))
+        for observer in self.engine.observers:
+            observer.on_trial_start(self.sweep_id, trial_id, start.attempt, launched_at,
+                                    time.perf_counter() - began)
+
+    # --- reports and events --------------------------------------------------------------
+
+    def report(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool = False,
+    ) -> bool:
+        """A running attempt's report; returns whether the trial should be pruned."""
+        began = time.perf_counter()
+        pruned = self._judge(trial_id, token, attempt, value, step, last)
+        for observer in self.engine.observers:
+            observer.on_report(self.sweep_id, trial_id, step, value, pruned,
+                               time.perf_counter() - began)
+        return pruned
+
+    def _judge(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool,
+    ) -> bool:
+        rt = self.running.get(trial_id)
+        if rt is None or not token_matches(token, rt.token_hash):
+            raise Unauthorized("this token is not valid for that trial")
+        if attempt != rt.attempt:
+            raise Unauthorized(f"attempt {attempt} of this trial is no longer running")
+        if step is None:
+            rt.final_value = value
+            return False
+        self.ledger.record_report(trial_id, step, value)
+        rt.last_value, rt.last_step = value, step
+        rt.optuna_trial.report(value, step)
+        if not last and rt.optuna_trial.should_prune():
+            rt.pruned = True
+        return rt.pruned
+
+    async def _handle(self, event: TrialEvent) -> None:
+        rt = self.running.current(event.trial_id, event.attempt)
+        if rt is None:
+            return  # an old attempt's late news
+        if not event.final:
+            if event.kind == EventKind.STARTED:
+                self._note_start(event.reason)
+            self._waiting(rt, event)
+            return
+        self.running.pop(event.trial_id)
+        await self._start_ready()
+        state, value, reason = self._outcome(rt, event)
+        if state != TrialState.FAILED or reason is None:  # (a failure always has a reason)
+            await self._finish_trial(rt, state, value, reason)
+        elif rt.attempt <= self.spec.max_retries and not self.cancel_requested:
+            self.ledger.requeue([rt.trial_id], reason)  # retried: pending again
+            self.relaunch.append(rt.trial_id)
+        else:
+            await self._finish_trial(rt, state, None, reason)
+            self._check_failures(rt, reason)
+
+    def _outcome(
+        self, rt: Running, event: TrialEvent
+    ) -> tuple[TrialState, float | None, str | None]:
+        """What an attempt's final event makes of its trial: (state, value, reason)."""
+        value = rt.final_value if rt.final_value is not None else rt.last_value
+        if rt.pruned:
+            return TrialState.PRUNED, rt.last_value, f"pruned at step {rt.last_step}"
+        if event.kind == EventKind.SUCCEEDED and value is not None:
+            return TrialState.COMPLETED, value, None
+        if event.kind == EventKind.SUCCEEDED:
+            return TrialState.FAILED, None, (
+                f"exited 0 without reporting {self.spec.metric} (call tuner.report)")
+        return TrialState.FAILED, None, event.reason or str(event.kind)
+
+    def _note_start(self, how: str) -> None:
+        """A cold start is shown on the sweep (``sweep show``, the API) with its reason,
+        once: it makes every trial seconds slower, and nothing else would say so."""
+        cold = how if how.startswith(COLD) else None
+        if cold != self.cold_start:
+            self.cold_start = cold
+            self.ledger.note_cold_start(self.sweep_id, cold)
+
+    def _check_failures(self, rt: Running, reason: str) -> None:
+        """Keep the last failure's cause for the user, and stop the sweep once
+        ``max_failed_trials`` trials have failed: a broken spec or script fails every trial
+        the same way, and running the rest only hides the cause under a count."""
+        tail = log_tail(rt.paths.log_path)
+        self.last_failure = f"trial {rt.number}: {reason}" + (f"\n{tail}" if tail else "")
+        limit = self.spec.failure_limit()
+        failed = self.counts.failed
+        if limit is not None and failed >= limit and self.stop_reason is None:
+            self.stop_reason = (
+                f"stopped after {failed} failed trials (max_failed_trials: {limit}); "
+                f"last failure, {self.last_failure}"
+            )
+
+    def _waiting(self, rt: Running, event: TrialEvent) -> None:
+        """A running trial that cannot start yet shows why in its reason (``sweep show``, the
+        API) until it starts."""
+        if event.kind == EventKind.WAITING:
+            reason: str | None = event.reason
+        elif rt.waiting:  # started: the wait is over
+            reason = None
+        else:
+            return
+        rt.waiting = reason is not None
+        self.ledger.set_reasons({rt.trial_id: reason})
+
+    async def _finish_trial(
+        self, rt: Running, state: TrialState, value: float | None, reason: str | None
+    ) -> None:
+        """The ledger's transaction and Optuna's tell, in a worker thread: the event loop goes
+        on serving the other trials' reports and exits meanwhile (the next trial has already
+        started in the freed slot). A shutdown waits for the thread: the controller lets go
+        of the sweep only after what it began is written and told."""
+        def finish() -> Counts:
+            return self.ledger.finish_trial(
+                self.sweep_id, rt.trial_id, state, value, reason,
+                has_model=rt.paths.has_model(), direction=self.spec.direction, teller=self.study,
+            )
+
+        began = time.perf_counter()
+        job = asyncio.ensure_future(asyncio.to_thread(finish))
+        try:
+            self.counts = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            await asyncio.wait({job})
+            raise
+        for observer in self.engine.observers:
+            observer.on_trial_end(self.sweep_id, rt.trial_id, state, value,
+                                  time.perf_counter() - began)
+
+    # --- the end -------------------------------------------------------------------------
+
+    async def _cancel_running(self) -> None:
+        why = SWEEP_CANCELLED if self.stop_reason is None else SWEEP_STOPPED
+        for rt in self.running:
+            await self.backend.cancel(rt.trial_id, rt.attempt)
+        # Wait for the backend to confirm each one stopped.
+        while self.running:
+            event = await self.events.get()
+            if event is None or not event.final:
+                continue
+            ended = self.running.current(event.trial_id, event.attempt)
+            if ended is None:
+                continue
+            self.running.pop(event.trial_id)
+            # A result that arrived with the cancel (the trial ended by itself) is kept.
+            state, value, reason = self._outcome(ended, event)
+            if state == TrialState.FAILED:
+                state, value, reason = TrialState.CANCELLED, None, why
+            await self._finish_trial(ended, state, value, reason)
+        self.relaunch.clear()
+
+    def _decide(self, counts: Counts) -> tuple[SweepState, str | None]:
+        """How the sweep ends, given its counters."""
+        if self.cancel_requested:
+            return SweepState.CANCELLED, CANCELLED_REASON
+        if self.stop_reason is not None:
+            return SweepState.FAILED, self.stop_reason
+        if counts.completed == 0:
+            return SweepState.FAILED, "no trial completed" + (
+                f"; last failure, {self.last_failure}" if self.last_failure else "")
+        return SweepState.COMPLETED, None
+
+    async def _finish(self) -> SweepState:
+        await self.asked_ahead()
+        why = SWEEP_CANCELLED if self.stop_reason is None else SWEEP_STOPPED
+        state = self.ledger.end_sweep(self.sweep_id, self._decide, why, lambda: self.study)
+        if state == SweepState.COMPLETED and self.spec.promote is not None:
+            origin = SweepOrigin(self.sweep_id, self.owner, self.spec, self.code_dir)
+            # Copying and checking a model (up to TUNEHUB_MODEL_MAX_BYTES) is file work: off
+            # the event loop every sweep of this process shares.
+            await asyncio.to_thread(register_best, self.ledger, self.engine.settings,
+                                    self.engine.registry, origin, self.spec.promote)
+        await self.backend.cleanup(self.sweep_id)
+        log.info("sweep %s %s", self.sweep_id, state)
+        return state

@@ -1,0 +1,136 @@
+"""The host of a process's sweep controllers: the CLI hosts one sweep, the hub's tuner service
+all of them. It starts and stops the backends, and routes what arrives for a trial (its
+backend's events, its reports over HTTP) to the controller running it. Controllers see it only
+as :class:`~tuner.scheduling.controller.ControllerHost`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from tunehub_base.settings import Settings
+from tuner.backends._base import Backend, TrialEvent
+from tuner.db import Database
+from tuner.errors import NotFound
+from tuner.lifecycle.ledger import Ledger
+from tuner.lifecycle.states import SweepState
+from tuner.limits import Limits
+from tuner.scheduling.controller import ControllerObserver, SweepController
+
+if TYPE_CHECKING:
+    from tuner.serving.registry import Registry
+
+
+class SweepHost:
+    """Runs sweep controllers and routes backend events and trial reports to them."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        backends: dict[str, Backend],
+        api_url: str,
+        registry: Registry | None = None,
+        stable_api_url: bool = False,
+    ) -> None:
+        """``stable_api_url``: trials can still report to ``api_url`` after this process
+        restarts (the tuner service at a fixed address). A restarted controller then keeps
+        the attempts its backend adopted (Kubernetes Jobs) instead of rerunning them; with a
+        per-process address (the CLI) their reports would go nowhere, so they are rerun."""
+        self.stable_api_url = stable_api_url
+        #: The per-person caps (:mod:`tuner.limits`): every controller of this host asks
+        #: :meth:`admits` before it launches, so one person's sweeps share one budget.
+        self.limits = Limits.from_env()
+        self.db = db
+        self.ledger = Ledger(db)
+        self.settings = settings
+        self.backends = backends
+        self.api_url = api_url.rstrip("/") + "/"
+        self.registry = registry
+        #: Watch every controller this host runs (:class:`ControllerObserver`).
+        self.observers: list[ControllerObserver] = []
+        self.controllers: dict[int, SweepController] = {}
+        self._by_trial: dict[int, SweepController] = {}
+        self._tasks: dict[int, asyncio.Task[SweepState]] = {}
+
+    async def start(self) -> None:
+        for backend in self.backends.values():
+            backend.subscribe(self._route)
+            await backend.start()
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for backend in self.backends.values():
+            backend.unsubscribe(self._route)
+            await backend.close()
+
+    def run_sweep(self, sweep_id: int) -> asyncio.Task[SweepState]:
+        """Claim the sweep and drive it to the end in a task; the task's result is the
+        sweep's final state."""
+        if sweep_id in self._tasks and not self._tasks[sweep_id].done():
+            return self._tasks[sweep_id]
+        controller = SweepController(self, sweep_id)
+        controller.claim()
+        self.controllers[sweep_id] = controller
+        task = asyncio.get_running_loop().create_task(controller.run(), name=f"sweep-{sweep_id}")
+        self._tasks[sweep_id] = task
+
+        def _done(_: asyncio.Task[SweepState]) -> None:
+            self.controllers.pop(sweep_id, None)
+            self._tasks.pop(sweep_id, None)
+
+        task.add_done_callback(_done)
+        return task
+
+    def runs(self, sweep_id: int) -> bool:
+        """Whether a controller of this host runs the sweep."""
+        return sweep_id in self.controllers
+
+    def cancel(self, sweep_id: int) -> bool:
+        """Wake the controller of a sweep this host runs to cancel it; False if it is not
+        running here. Called by :meth:`tuner.sweep_store.SweepStore.cancel`, the one cancel
+        path, once the ledger has marked the sweep ``cancelling``."""
+        controller = self.controllers.get(sweep_id)
+        if controller is None:
+            return False
+        controller.cancel()
+        return True
+
+    def report(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool = False,
+    ) -> bool:
+        """A trial's report; returns whether the trial should be pruned."""
+        controller = self._by_trial.get(trial_id)
+        if controller is None:
+            raise NotFound(f"trial {trial_id} is not running")
+        return controller.report(trial_id, token, attempt, value, step, last)
+
+    def admits(self, owner: str, workers: int) -> bool:
+        """Whether ``owner`` may start one more attempt of ``workers`` workers now. Their use
+        is counted from what their controllers hold (running attempts × workers), not kept
+        in a counter of its own, so it cannot drift from what runs."""
+        held = sum(len(c.running) * c.spec.resources.workers
+                   for c in self.controllers.values() if c.owner == owner)
+        return self.limits.admits(held, workers)
+
+    def track(self, trial_id: int, controller: SweepController) -> None:
+        """Route the trial's events and reports to ``controller`` (its attempt started)."""
+        self._by_trial[trial_id] = controller
+
+    def untrack(self, trial_id: int) -> None:
+        """Stop routing the trial (its attempt ended): late news of it is dropped. The
+        owner's other sweeps waiting for a slot under their cap are woken to take it."""
+        controller = self._by_trial.pop(trial_id, None)
+        if controller is None:
+            return
+        for other in self.controllers.values():
+            if other is not controller and other.owner == controller.owner:
+                other.wake()
+
+    async def _route(self, event: TrialEvent) -> None:
+        controller = self._by_trial.get(event.trial_id)
+        if controller is not None:
+            controller.events.put_nowait(event)

@@ -1,0 +1,231 @@
+"""The trial-side SDK: what user training code imports.
+
+Inside a sweep the controller starts the trial with ``TUNEHUB_*`` variables: its parameters, the
+URL to report to and a token valid for this trial only. Trial code never opens the database.
+Outside a sweep every call degrades to something useful for debugging in a notebook: defaults
+for parameters, no-op reporting, a local artifact directory.
+
+Only the standard library is imported here so a trial starts fast.
+"""
+
+from __future__ import annotations
+
+# The report's connect encodes the API's host name with the idna codec, which imports three
+# modules (unicodedata among them) on first use: imported here, a warm-started trial finds them
+# in its zygote instead of loading them inside its report (5 ms of every trial's life).
+import encodings.idna  # noqa: F401
+import json
+import os
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tunehub_base.tls import api_context
+
+ENV_PARAMS = "TUNEHUB_PARAMS"
+ENV_API_URL = "TUNEHUB_API_URL"
+ENV_TRIAL_ID = "TUNEHUB_TRIAL_ID"
+ENV_ATTEMPT = "TUNEHUB_TRIAL_ATTEMPT"
+ENV_TOKEN = "TUNEHUB_TRIAL_TOKEN"
+ENV_ARTIFACT_DIR = "TUNEHUB_ARTIFACT_DIR"
+ENV_DATA = "TUNEHUB_DATA"
+#: The trial's checkpoint directory, kept across its attempts (:mod:`tuner.sdk.checkpoints`).
+ENV_CHECKPOINT_DIR = "TUNEHUB_CHECKPOINT_DIR"
+#: Set in a network island: the Unix socket that reaches the tuner (``ENV_API_URL`` still names
+#: the route).
+ENV_API_SOCKET = "TUNEHUB_API_SOCKET"
+
+# How long a report keeps retrying an unreachable controller before giving up on that report.
+REPORT_RETRY_SECONDS = 60.0
+
+
+class Pruned(Exception):
+    """Raised by :func:`report` when the sweep's pruner stops this trial early.
+
+    Let it propagate (or catch it and exit): the trial is then recorded as pruned."""
+
+
+def in_trial() -> bool:
+    """True when running as a trial of a sweep."""
+    return bool(os.environ.get(ENV_TRIAL_ID))
+
+
+def is_chief() -> bool:
+    """Whether this process is the worker that speaks for a multi-worker trial (``workers: N``):
+    ``TF_CONFIG``'s ``chief`` task, or worker 0 when the cluster has no chief (how tunehub
+    starts workers, locally and as an Indexed Job). Only the chief reports and saves the model;
+    the others run the same script unchanged. True for ordinary single-process trials."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return True
+    try:
+        config = json.loads(raw)
+        task = config.get("task") or {}
+        kind, index = task.get("type"), int(task.get("index", 0))
+    except (ValueError, TypeError, AttributeError):
+        return True
+    if "chief" in (config.get("cluster") or {}):
+        return kind == "chief"
+    return kind in (None, "worker") and index == 0
+
+
+def params(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This trial's hyperparameters laid over ``defaults``; outside a sweep, the defaults."""
+    merged = dict(defaults or {})
+    raw = os.environ.get(ENV_PARAMS)
+    if raw:
+        merged.update(json.loads(raw))
+    return merged
+
+
+def data_dir() -> Path:
+    """The shared data store: the same path in notebooks and trials."""
+    root = os.environ.get(ENV_DATA)
+    if root:
+        return Path(root)
+    from tunehub_base.settings import load_settings
+
+    return load_settings().data
+
+
+def artifact_dir() -> Path:
+    """Where this trial writes what it wants kept (the saved model goes in ``model/``)."""
+    path = Path(os.environ.get(ENV_ARTIFACT_DIR) or Path.cwd() / "tunehub-artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def report(value: float, step: int | None = None, last: bool = False) -> None:
+    """Report the sweep metric. With ``step`` it is an intermediate value (e.g. per epoch) the
+    pruner judges; the last reported value is the trial's result. ``last=True`` says this is
+    the trial's final step: it is never pruned there (it has trained to the end).
+
+    Raises :class:`Pruned` when the pruner says stop. A no-op outside a sweep, and on the
+    workers of a multi-worker trial other than the chief (:func:`is_chief`): the chief's values
+    are the trial's (metrics of a distributed ``fit`` are already reduced across workers).
+    """
+    value = float(value)
+    if not in_trial() or not is_chief():
+        return
+    body = {
+        "value": value,
+        "step": step,
+        "attempt": int(os.environ.get(ENV_ATTEMPT, "1")),
+    }
+    if last:
+        body["last"] = True
+    answer = _post(f"trials/{os.environ[ENV_TRIAL_ID]}/report", body)
+    if answer.get("prune"):
+        raise Pruned(f"pruned at step {step}")
+
+
+def save_model(model: Any, name: str = "model") -> Path:
+    """Export a Keras model as a TensorFlow SavedModel into the trial's artifact directory,
+    the layout TensorFlow Serving loads; the sweep's best trial's export is registered.
+
+    In a multi-worker trial every worker must call it (saving distributed variables can take
+    part in collective ops); only the chief's export is kept, the others go to a temporary
+    directory that is removed again."""
+    if not is_chief():
+        import shutil
+        import tempfile
+
+        scratch = Path(tempfile.mkdtemp(prefix="tunehub-worker-export-"))
+        try:
+            _export(model, scratch / name)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return scratch / name
+    target = artifact_dir() / name
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    _export(model, target)
+    return target
+
+
+def _export(model: Any, target: Path) -> None:
+    if hasattr(model, "export"):  # Keras 3: an inference SavedModel with a serving signature
+        model.export(str(target), format="tf_saved_model", verbose=False)
+    else:  # a plain tf.Module
+        import tensorflow as tf
+
+        tf.saved_model.save(model, str(target))
+
+
+def _post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST to the tuner API with the trial token, retrying while the controller is away, so a
+    restarting controller does not lose results."""
+    url = os.environ[ENV_API_URL].rstrip("/") + "/api/v1/" + path
+    data = json.dumps(body).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {os.environ.get(ENV_TOKEN, '')}",
+    }
+    send = _sender(os.environ.get(ENV_API_SOCKET), api_context())
+    deadline = time.monotonic() + REPORT_RETRY_SECONDS
+    delay = 0.2
+    while True:
+        try:
+            status, answer = send(url, data, headers)
+            if status < 400:
+                return json.loads(answer or b"{}")
+            if status < 500:
+                detail = answer.decode(errors="replace")
+                raise RuntimeError(f"tunehub refused the report ({status}): {detail}")
+            error: Exception = RuntimeError(f"HTTP {status}")
+        except (OSError, TimeoutError, _TransportError) as exc:
+            error = exc
+        if time.monotonic() > deadline:
+            print(f"tunehub: could not report to {url}: {error}", file=sys.stderr)
+            return {}
+        time.sleep(delay)  # back-off between retries of a network call, not synchronisation
+        delay = min(delay * 2, 5.0)
+
+
+class _TransportError(Exception):
+    """The connection to the tuner failed (either transport): the report is retried."""
+
+
+_Sender = Callable[[str, bytes, dict[str, str]], tuple[int, bytes]]
+
+
+def _sender(socket_path: str | None, context: ssl.SSLContext | None) -> _Sender:
+    """How a report travels: over TCP to the URL, or, in a network island (one machine, where
+    the trial's network is its own: :mod:`tuner.backends.local.island`), over the Unix socket
+    ``TUNEHUB_API_SOCKET`` the tuner listens on for this attempt (the URL still names the
+    route and the ``Host``). httpx is imported only then: a trial elsewhere starts without it.
+    ``context``: how the tuner is verified (:func:`tunehub_base.tls.api_context`), either way:
+    the socket only carries the bytes, TLS stays end to end."""
+    if socket_path:
+        import httpx
+
+        def over_socket(url: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+            try:
+                transport = httpx.HTTPTransport(uds=socket_path, verify=context or True)
+                with httpx.Client(transport=transport,
+                                  timeout=30) as client:
+                    response = client.post(url, content=data, headers=headers)
+            except httpx.TransportError as exc:
+                raise _TransportError(str(exc)) from None
+            return response.status_code, response.content
+
+        return over_socket
+
+    def over_tcp(url: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=context) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except urllib.error.URLError as exc:
+            raise _TransportError(str(exc.reason)) from None
+
+    return over_tcp

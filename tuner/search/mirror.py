@@ -1,0 +1,298 @@
+"""The study kept in memory beside the database: the controller's sampler and pruner read it.
+
+A sweep's controller is its study's only writer, so it can hold the study's history in memory
+instead of reading it back from the database on every ask (Optuna's RDB storage reads every
+trial of the study per ``ask``, which makes a 10,000-trial sweep ten times slower per trial
+than a 100-trial one). :class:`StudyMirror` is an Optuna study on ``InMemoryStorage`` with the
+sweep's sampler and pruner, built from the database once (on load and on resume), and kept in
+step with it on every ask, report and tell. Every write still goes to the database study
+through Optuna's API, so the database stays the source of truth: a resumed controller,
+optuna-dashboard and the notebook's plots read it.
+
+Trial numbers are the same in both: each trial is created in memory first (the sampler
+proposes it there) and then in the database with the same number, params, distributions and
+attributes. If the numbers ever disagree (something else wrote to the study), the mirror is
+rebuilt from the database rather than trusted.
+
+The controller asks in a worker thread (sampling and the database insert overlap the running
+trials without holding up its event loop) while reports and tells arrive on the loop: every
+call that reads or changes the study holds :attr:`StudyMirror.lock`, so the sampler never sees
+a study changing under it.
+
+Optuna is used through ``Study.ask``/``tell``/``add_trials``, and for what ``Study`` does not offer
+(the trial id a new trial gets, a parameter completed after a crash) through trial handles and the
+storages' ``BaseStorage`` methods: the seams :mod:`tuner.search.optuna_adapter` lists and its canary
+test pins.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.pruners import BasePruner
+from optuna.samplers import BaseSampler
+from optuna.storages import BaseStorage, InMemoryStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.search.optuna_adapter import trial_for
+from tuner.search.pruning import EnoughTrialsPruner
+from tuner.search.sampling_view import BoundedPruner, BoundedTPE
+from tuner.search.study import complete_params, make_pruner, make_sampler, storage_for
+from tuner.spec import SweepSpec
+
+log = logging.getLogger("tunehub.mirror")
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A new trial, created in memory and in the database: its number, its id in the database
+    (tunehub's trial row keeps it) and its parameters."""
+
+    number: int
+    trial_id: int
+    params: dict[str, Any]
+
+
+class MirroredTrial:
+    """A running trial's reports go to both studies; the pruner decides on the memory one.
+
+    The memory study's :class:`optuna.trial.Trial` checks and records a report (Optuna ignores
+    a step reported twice); the database gets the same value with one insert by the trial's
+    id (``BaseStorage.set_trial_intermediate_value``), not through a second ``Trial`` that
+    would first read the whole trial back. The memory trial is made on first use: a trial
+    that never reports an intermediate value costs nothing here."""
+
+    def __init__(self, mirror: StudyMirror, number: int, trial_id: int) -> None:
+        self.mirror = mirror
+        self.number = number
+        self.trial_id = trial_id
+        self._memory: optuna.trial.Trial | None = None
+        self._steps: set[int] = set()  # steps the trial has a value for
+
+    def _trial(self) -> optuna.trial.Trial:
+        if self._memory is None:
+            self._memory = self.mirror.memory_trial(self.number)
+            self._steps = set(self.mirror.memory_frozen(self.number).intermediate_values)
+        return self._memory
+
+    def report(self, value: float, step: int) -> None:
+        with self.mirror.lock:
+            memory = self._trial()
+            if step in self._steps:
+                # Optuna keeps the first value of a step, in both studies. A rerun attempt
+                # (a retry, or a rerun after its controller died) repeats its steps: drop
+                # them here, before Optuna's warning for each lands in the controller's log.
+                return
+            memory.report(value, step)
+            self._steps.add(step)
+            self.mirror.write(self.mirror.storage.set_trial_intermediate_value,
+                              self.trial_id, step, float(value))
+
+    def should_prune(self) -> bool:
+        with self.mirror.lock:
+            return self._trial().should_prune()
+
+
+class StudyMirror:
+    """The sweep's study: sampler and pruner on an in-memory copy, writes to both copies."""
+
+    def __init__(
+        self, spec: SweepSpec, study_name: str, url: str, sampler: BaseSampler | None = None
+    ) -> None:
+        """``sampler``: the spec's unless given (a test's recording sampler)."""
+        # Held by every call that reads or changes the study (see the module docstring).
+        self.lock = threading.RLock()
+        self._storage: BaseStorage = storage_for(url)
+        # The database study only records: its sampler is never asked for a suggestion
+        # (``tell`` calls ``after_trial`` on it, which must cost nothing).
+        self.db = optuna.load_study(
+            study_name=study_name,
+            storage=self._storage,
+            sampler=optuna.samplers.RandomSampler(),
+            pruner=optuna.pruners.NopPruner(),
+        )
+        self._db_study_id = self._storage.get_study_id_from_name(study_name)
+        # TPE samples on a bounded view of the study (tuner.search.sampling_view): its cost per ask
+        # stops growing with the sweep.
+        self.sampler = sampler or bounded(make_sampler(spec), spec.seed)
+        self.pruner = make_pruner(spec)
+        # The pruner decides on a bounded sample of the study once it is large.
+        self._pruner_view = bounded_pruner(self.pruner, spec.seed)
+        self.memory: optuna.Study
+        self._memory_storage: InMemoryStorage
+        self._memory_study_id = 0
+        self._db_ids: dict[int, int] = {}  # trial number -> its id in the database
+        self.rebuild()
+
+    # --- building ------------------------------------------------------------------------
+
+    def rebuild(self) -> None:
+        """Read the database study once and make the memory study equal to it."""
+        with self.lock:
+            trials = self._storage.get_all_trials(self._db_study_id, deepcopy=False)
+            self._db_ids = {}
+            self._memory_storage = InMemoryStorage()
+            self.memory = optuna.create_study(
+                storage=self._memory_storage,
+                sampler=self.sampler,
+                pruner=self.pruner,
+                directions=self.db.directions,
+            )
+            self._memory_study_id = self._memory_storage.get_study_id_from_name(
+                self.memory.study_name
+            )
+            self.memory.add_trials(trials)
+            if isinstance(self.sampler, BoundedTPE):
+                self.sampler.load(self._memory_storage, trials, self.memory.direction)
+            if self._pruner_view is not None:
+                self._pruner_view.load(self._memory_storage, trials)
+            log.debug("study %s mirrored: %d trials", self.db.study_name, len(trials))
+
+    # --- the controller's calls ----------------------------------------------------------
+
+    def ask(self, distributions: dict[str, BaseDistribution]) -> Asked:
+        """The sampler proposes on the memory study; the trial is then written to the database
+        in one insert, with every parameter (so a crash leaves either no trial or a whole
+        one)."""
+        with self.lock:
+            trial = self.memory.ask(distributions)
+            if self._pruner_view is not None:
+                self._pruner_view.started(trial.number)
+            frozen = self._memory_storage.get_trial(self.memory_trial_id(trial.number))
+            trial_id = self._storage.create_new_trial(self._db_study_id, template_trial=frozen)
+            number = trial.number
+            # One indexed read says whether the database numbered it the same (else another
+            # writer added trials: rebuild).
+            if self._storage.get_trial_id_from_study_id_trial_number(
+                    self._db_study_id, number) != trial_id:
+                number = self._storage.get_trial(trial_id).number
+                log.warning(
+                    "study %s: trial %d in memory is %d in the database (another writer?); "
+                    "rebuilding the mirror", self.db.study_name, trial.number, number,
+                )
+                self.rebuild()
+            self._db_ids[number] = trial_id
+            return Asked(number, trial_id, dict(trial.params))
+
+    def trial(self, number: int, trial_id: int) -> MirroredTrial:
+        """The running trial ``number`` (database id ``trial_id``), for its reports."""
+        return MirroredTrial(self, number, trial_id)
+
+    def tell(
+        self,
+        trial: int,
+        values: float | None = None,
+        state: TrialState | None = None,
+        skip_if_finished: bool = False,
+    ) -> FrozenTrial:
+        """``Study.tell`` on the memory study (Optuna validates and turns the arguments into a
+        state and values, the sampler's ``after_trial`` runs), then the same state and values
+        written to the database trial in one update by its id
+        (``BaseStorage.set_trial_state_values``): no reading the trial back twice, as
+        ``Study.tell`` on the database study would."""
+        with self.lock:
+            before = self.memory_frozen(trial)
+            if before.state.is_finished() and skip_if_finished:
+                return copy.deepcopy(before)
+            told = self.memory.tell(trial, values, state=state, skip_if_finished=skip_if_finished)
+            if self._pruner_view is not None:
+                self._pruner_view.finished(trial)
+            try:
+                self.write(self.storage.set_trial_state_values,
+                           self.db_trial_id(trial), told.state, told.values)
+            except UpdateFinishedTrialError:
+                if not skip_if_finished:
+                    raise
+                # Finished in the database behind our back (another writer): take its copy.
+                return self.get_trials(deepcopy=True)[trial]
+            return told
+
+    def write(self, method: Callable[..., Any], *args: Any) -> Any:
+        """A write to the database study after the memory one: if it fails, the memory study
+        is rebuilt from the database so the two never disagree."""
+        try:
+            return method(*args)
+        except Exception:
+            self.rebuild()
+            raise
+
+    def get_trials(
+        self, deepcopy: bool = True, states: tuple[TrialState, ...] | None = None
+    ) -> list[FrozenTrial]:
+        """The trials, from memory (equal to the database's)."""
+        with self.lock:
+            return self.memory.get_trials(deepcopy=deepcopy, states=states)
+
+    @property
+    def storage(self) -> BaseStorage:
+        """The database's storage."""
+        return self._storage
+
+    def db_trial_id(self, number: int) -> int:
+        """The database id of trial ``number`` (tunehub's trial row keeps it); remembered for
+        the trials this mirror created, asked the database once for the others."""
+        trial_id = self._db_ids.get(number)
+        if trial_id is None:
+            trial_id = self._storage.get_trial_id_from_study_id_trial_number(
+                self._db_study_id, number)
+            self._db_ids[number] = trial_id
+        return trial_id
+
+    def memory_frozen(self, number: int) -> FrozenTrial:
+        """Trial ``number`` of the memory study, not copied: read it, never change it."""
+        return self._memory_storage.get_trial(self.memory_trial_id(number))
+
+    def memory_trial_id(self, number: int) -> int:
+        return self._memory_storage.get_trial_id_from_study_id_trial_number(
+            self._memory_study_id, number
+        )
+
+    def memory_trial(self, number: int) -> optuna.trial.Trial:
+        return trial_for(self.memory, self.memory_trial_id(number))
+
+    def complete_params(
+        self, number: int, distributions: dict[str, BaseDistribution]
+    ) -> dict[str, object]:
+        """The parameters of a trial created without all of them (a controller of an earlier
+        version died inside ``ask``): the sampler suggests the missing ones on the memory
+        study, and each is written to the database trial too."""
+        with self.lock:
+            before = dict(self.get_trials(deepcopy=False)[number].params)
+            params = complete_params(self.memory, self.memory_trial_id(number), distributions)
+            db_id = self.db_trial_id(number)
+            for name, value in params.items():
+                if name not in before:
+                    dist = distributions[name]
+                    self._storage.set_trial_param(db_id, name, dist.to_internal_repr(value), dist)
+            return params
+
+
+def bounded(sampler: BaseSampler, seed: int | None) -> BaseSampler:
+    """TPE behind its bounded view; other samplers as they are (random and grid read no
+    history; CMA-ES keeps its own state; GP is meant for small budgets)."""
+    if isinstance(sampler, optuna.samplers.TPESampler):
+        return BoundedTPE(sampler, seed)
+    return sampler
+
+
+def bounded_pruner(pruner: BasePruner, seed: int | None) -> BoundedPruner | None:
+    """Put the bounded view under tunehub's rules for small sweeps (which count trials at a
+    step on the whole study, once per step); the view, to keep informed, or None for no
+    pruner."""
+    if isinstance(pruner, EnoughTrialsPruner):
+        view = BoundedPruner(pruner.inner, seed)
+        pruner.inner = view
+        return view
+    return None
+
+
+def load_mirror(spec: SweepSpec, study_name: str, url: str) -> StudyMirror:
+    return StudyMirror(spec, study_name, url)

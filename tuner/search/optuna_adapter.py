@@ -1,0 +1,53 @@
+"""Where tunehub leans on Optuna beyond its user-facing API: one module, pinned by a canary.
+
+Everywhere else tunehub drives Optuna the way its documentation shows a user
+(``create_study``/``load_study``, ``Study.ask``/``tell``/``add_trials``, the samplers, a
+``BasePruner`` subclass). Two things are not that, and live here:
+
+- :class:`GridSampler` overrides ``GridSampler.after_trial``, whose body is an implementation
+  detail: today it only calls ``study.stop()`` once the grid is used up.
+- :func:`trial_for` calls the ``optuna.trial.Trial(study, trial_id)`` constructor, which
+  Optuna's documentation says not to call directly (``optimize`` and ``ask`` make trials).
+
+One more seam is Optuna's storage interface (``BaseStorage``: ``get_study_id_from_name``,
+``get_all_trials``, ``get_trial``, ``create_new_trial(template_trial=...)``,
+``get_trial_id_from_study_id_trial_number``, ``set_trial_param``), public methods that Optuna
+describes as internal; :mod:`tuner.search.mirror` calls them to copy trials between its memory and
+database studies.
+
+``tests/test_optuna_adapter.py`` asserts the exact behaviour each of these relies on, and that
+the installed Optuna lies in the range ``pyproject.toml`` declares (the range those tests
+passed on). An Optuna upgrade that changes any of it fails there, by name, not in a sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler without its ``study.stop()`` when the grid is used up (``stop``
+    is only legal inside ``study.optimize``, and the controller asks and tells instead); the
+    controller stops at ``trials``, which submission caps at the grid size."""
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        return None
+
+
+def trial_for(study: optuna.Study, trial_id: int) -> optuna.trial.Trial:
+    """A handle on the existing trial ``trial_id`` of ``study``, to report to, ask the pruner
+    about, or suggest the parameters it is missing (a controller died inside ``ask``).
+
+    Optuna's constructor reads the trial from the storage and calls the study's
+    ``sampler.before_trial`` (a no-op for the samplers tunehub uses): cheap enough per trial,
+    and made only on a trial's first report."""
+    return optuna.trial.Trial(study, trial_id)

@@ -1,0 +1,251 @@
+"""``tunehub model serve NAME``: TensorFlow Serving's REST API for the registry's versions.
+
+Clients written for TensorFlow Serving work unchanged: ``POST /v1/models/NAME:predict`` (the
+production version), ``/versions/N:predict``, ``/labels/stable|canary:predict``, row
+(``instances``) and columnar (``inputs``) requests, ``GET /v1/models/NAME[/versions/N|/labels/L]``
+for status. The labels mean what they mean in the TensorFlow Serving config the registry writes
+(:mod:`tuner.serving.models_config`): ``stable`` is the production version, ``canary`` the canary. A
+promotion is picked up without a restart (the stage is re-read at most every two seconds).
+
+Every request is bounded like the tuner service's (:mod:`tunehub_base.request_bounds`: body size
+413, JSON values and depth 400, each naming the limit), and one client address has at most
+``TUNEHUB_SERVE_MAX_CLIENT_REQUESTS`` predictions in flight (more: 429 naming it), so one client
+cannot hold every worker thread while others wait. The address is the connection's own (no
+forwarded headers are believed here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter as Tally
+from typing import Any
+
+import tornado.web
+from prometheus_client import Counter, Histogram
+
+from tunehub_base.options import setting
+from tunehub_base.request_bounds import BodyError, BoundedApplication, RequestLimits, parse_json
+from tuner.errors import NotFound
+from tuner.metrics import MetricsHandler
+from tuner.serving.models_config import LABELS as SERVING_LABELS
+from tuner.serving.registry import STAGES, Registry
+
+STAGE_TTL = 2.0
+LABELS = {**SERVING_LABELS, "production": "production"}
+
+PREDICTIONS = Counter(
+    "tunehub_serving_requests_total", "Predict requests", ["model", "version", "code"]
+)
+LATENCY = Histogram("tunehub_serving_latency_seconds", "Predict latency", ["model"])
+
+
+class BadRequest(Exception):
+    """A predict request TensorFlow Serving would answer with 400."""
+
+
+class ModelServer:
+    """Loaded versions of one model and the stage lookup."""
+
+    def __init__(self, registry: Registry, model: str, max_client_requests: int = 8) -> None:
+        self.registry = registry
+        self.model = model
+        self.max_client_requests = max_client_requests
+        self.in_flight: Tally[str] = Tally()  # predictions running, by client address
+        self._loaded: dict[int, Any] = {}
+        self._stages: dict[str, tuple[float, int | None]] = {}
+
+    def version_for(self, stage: str) -> int:
+        cached = self._stages.get(stage)
+        if cached is None or time.monotonic() - cached[0] > STAGE_TTL:
+            row = self.registry.at_stage(self.model, stage)
+            cached = (time.monotonic(), row.version if row else None)
+            self._stages[stage] = cached
+        if cached[1] is None:
+            raise NotFound(f"model {self.model} has no {stage} version")
+        return cached[1]
+
+    def load(self, version: int) -> Any:
+        if version not in self._loaded:
+            import tensorflow as tf
+
+            row = self.registry.get(self.model, version)
+            self._loaded[version] = tf.saved_model.load(row.path)
+        return self._loaded[version]
+
+    def predict(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+        import tensorflow as tf
+
+        loaded = self.load(version)
+        name = body.get("signature_name", "serving_default")
+        if name not in loaded.signatures:
+            raise BadRequest(f"signature_name {name!r} not found; the model has "
+                             f"{', '.join(sorted(loaded.signatures))}")
+        fn = loaded.signatures[name]
+        specs = fn.structured_input_signature[1]
+        rows = "instances" in body
+        data = body.get("instances", body.get("inputs"))
+        if data is None:
+            raise BadRequest("the request needs 'instances' (row format) or 'inputs' "
+                             "(columnar format)")
+        if isinstance(data, dict):
+            feeds = data
+        elif rows and data and isinstance(data[0], dict):
+            feeds = {k: [row[k] for row in data] for k in data[0]}
+        elif len(specs) == 1:
+            feeds = {next(iter(specs)): data}
+        else:
+            raise BadRequest(f"this signature takes named inputs: {', '.join(sorted(specs))}")
+        tensors = {}
+        for key, spec in specs.items():
+            if key not in feeds:
+                raise BadRequest(f"missing input {key!r}")
+            try:
+                value = np.asarray(feeds[key], dtype=spec.dtype.as_numpy_dtype)
+            except (TypeError, ValueError):
+                raise BadRequest(f"input {key!r} is not a {spec.dtype.name} array") from None
+            if not spec.shape.is_compatible_with(value.shape):
+                raise BadRequest(
+                    f"input {key!r} has shape {list(value.shape)}, the model expects "
+                    f"{spec.shape.as_list()} (None = any)"
+                )
+            tensors[key] = tf.constant(value)
+        outputs = {k: v.numpy().tolist() for k, v in fn(**tensors).items()}
+        single = next(iter(outputs.values())) if len(outputs) == 1 else None
+        if rows:
+            return {"predictions": single if single is not None else [
+                {k: outputs[k][i] for k in outputs} for i in range(len(data))]}
+        return {"outputs": single if single is not None else outputs}
+
+
+class _Handler(tornado.web.RequestHandler):
+    def initialize(self, server: ModelServer) -> None:
+        self.server = server
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json")
+
+    def fail(self, status: int, message: str) -> None:
+        self.set_status(status)
+        self.finish(json.dumps({"error": message}))
+
+    def check_model(self, name: str) -> bool:
+        if name != self.server.model:
+            self.fail(404, f"Servable not found for request: Latest({name})")
+            return False
+        return True
+
+
+class PredictHandler(_Handler):
+    async def post(self, name: str, version: str | None, label: str | None) -> None:
+        if not self.check_model(name):
+            return
+        client = self.request.remote_ip or ""
+        if self.server.in_flight[client] >= self.server.max_client_requests:
+            self.fail(429, f"more than {self.server.max_client_requests} predictions at once "
+                      "from one client (TUNEHUB_SERVE_MAX_CLIENT_REQUESTS); wait for an answer")
+            PREDICTIONS.labels(name, version or label or "production", "429").inc()
+            return
+        self.server.in_flight[client] += 1
+        try:
+            await self._predict(name, version, label)
+        finally:
+            self.server.in_flight[client] -= 1
+            if not self.server.in_flight[client]:
+                del self.server.in_flight[client]
+
+    async def _predict(self, name: str, version: str | None, label: str | None) -> None:
+        started = time.perf_counter()
+        limits: RequestLimits = self.settings["request_limits"]
+        try:
+            body = parse_json(self.request.body or b"", limits)
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            if version is not None:
+                number = int(version)
+                self.server.registry.get(name, number)
+            elif label is not None:
+                if label not in LABELS:
+                    raise BadRequest(f"unknown label {label!r}; use stable or canary")
+                number = self.server.version_for(LABELS[label])
+            else:
+                number = self.server.version_for("production")
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(None, self.server.predict, number, body)
+        except BodyError as exc:  # not JSON, or over a bound: the reason names it
+            self.fail(exc.status, str(exc))
+            PREDICTIONS.labels(name, version or label or "production", "400").inc()
+            return
+        except BadRequest as exc:
+            self.fail(400, str(exc))
+            PREDICTIONS.labels(name, version or label or "production", "400").inc()
+            return
+        except NotFound as exc:
+            self.fail(404, str(exc))
+            PREDICTIONS.labels(name, version or label or "production", "404").inc()
+            return
+        PREDICTIONS.labels(name, str(number), "200").inc()
+        LATENCY.labels(name).observe(time.perf_counter() - started)
+        self.finish(json.dumps(result))
+
+
+class StatusHandler(_Handler):
+    def get(self, name: str, version: str | None = None, label: str | None = None) -> None:
+        if not self.check_model(name):
+            return
+        try:
+            rows = self.server.registry.versions(name)
+            if label is not None:
+                if label not in LABELS:
+                    self.fail(400, f"unknown label {label!r}; use stable or canary")
+                    return
+                version = str(self.server.version_for(LABELS[label]))
+        except NotFound as exc:
+            self.fail(404, str(exc))
+            return
+        if version is not None:
+            rows = [r for r in rows if r.version == int(version)]
+            if not rows:
+                self.fail(404, f"model {name} has no version {version}")
+                return
+        status = [
+            {
+                "version": str(r.version),
+                "state": "AVAILABLE" if r.stage in STAGES else "END",
+                "status": {"error_code": "OK", "error_message": ""},
+                "stage": r.stage,
+            }
+            for r in rows
+        ]
+        self.finish(json.dumps({"model_version_status": status}))
+
+
+def make_app(registry: Registry, model: str,
+             limits: RequestLimits | None = None) -> tornado.web.Application:
+    server = ModelServer(registry, model,
+                         setting("TUNEHUB_SERVE_MAX_CLIENT_REQUESTS").number())
+    kw = {"server": server}
+    name = r"([a-z0-9-]+)"
+    # Bounded before any route sees a request, as every tunehub server (request_bounds).
+    return BoundedApplication(
+        [
+            (rf"/v1/models/{name}(?:/versions/(\d+))?(?:/labels/([a-z]+))?:predict",
+             PredictHandler, kw),
+            (rf"/v1/models/{name}(?:/versions/(\d+))?(?:/labels/([a-z]+))?", StatusHandler, kw),
+            (r"/metrics", MetricsHandler),
+        ],
+        request_limits=limits or RequestLimits.from_env(),
+    )
+
+
+async def serve(registry: Registry, model: str, host: str, port: int) -> None:
+    """Serve until cancelled."""
+    registry.versions(model)  # an unknown model is an error now, not at the first request
+    app = make_app(registry, model)
+    server = app.listen(port, host)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        server.stop()
