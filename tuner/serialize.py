@@ -53,6 +53,7 @@ def trial_view(trial: Trial, reports: list[tuple[int, float]] | None = None) -> 
         "value": trial.value,
         "params": trial.params,
         "attempts": trial.attempts,
+        "preemptions": trial.preemptions,
         "reason": trial.reason,
         "last_step": trial.last_step,
         "has_model": trial.has_model,

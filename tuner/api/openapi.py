@@ -134,6 +134,7 @@ SCHEMAS: dict[str, Any] = {
         "value": _nullable("number"),
         "params": {"type": "object"},
         "attempts": {"type": "integer"},
+        "preemptions": {"type": "integer"},
         "reason": _nullable("string"),
         "last_step": _nullable("integer"),
         "has_model": {"type": "boolean"},
@@ -275,7 +276,8 @@ def document(base_path: str) -> dict[str, Any]:
                             ref("PromoteRequest"), errors=("400", "401", "403", "404")),
             },
             "/pool": {
-                "get": _op("This machine's GPUs: free, or who holds each since when (everyone's)",
+                "get": _op("This machine's GPUs: free, or who holds each since when; the queue "
+                           "with positions and reasons; each person's share (everyone's)",
                            {"type": "object"}, READ, errors=("401", "403")),
             },
             "/usage": {

@@ -110,6 +110,9 @@ class Trial(Base):
     value: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Attempts the GPU pool stopped for a notebook: not failures, so ``attempts - preemptions``
+    # is what ``max_retries`` counts.
+    preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     workdir: Mapped[str] = mapped_column(Text)
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)

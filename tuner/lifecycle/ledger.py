@@ -90,6 +90,7 @@ class AttemptStart:
     paths: TrialPaths
     optuna_trial_id: int
     previous_reason: str | None  # why the last attempt ended (its log header says)
+    preemptions: int = 0  # earlier attempts the GPU pool stopped: not counted as retries
 
 
 #: How an ending sweep learns its final state and reason from its counters.
@@ -258,6 +259,7 @@ class Ledger:
                 paths=TrialPaths.of(row),
                 optuna_trial_id=row.optuna_trial_id,
                 previous_reason=row.reason,
+                preemptions=row.preemptions or 0,
             )
 
     def record_report(self, trial_id: int, step: int, value: float) -> None:
@@ -285,14 +287,18 @@ class Ledger:
             for trial_id, reason in reasons.items():
                 _trial(s, trial_id).reason = reason
 
-    def requeue(self, trial_ids: Sequence[int], reason: str) -> None:
-        """Running → pending: a failed attempt with retries left, or attempts that died with
-        their controller. The old attempt's token dies; the next attempt gets a new one."""
+    def requeue(self, trial_ids: Sequence[int], reason: str, preempted: bool = False) -> None:
+        """Running → pending: a failed attempt with retries left, attempts that died with
+        their controller, or (``preempted``) an attempt the GPU pool stopped for a notebook,
+        which is counted in ``preemptions`` so that it is no retry. The old attempt's token
+        dies; the next attempt gets a new one."""
         with self.db.session() as s:
             for trial_id in trial_ids:
                 row = _trial(s, trial_id)
                 row.state = check_trial(row.state, TrialState.PENDING)
                 row.reason, row.token_hash = reason, None
+                if preempted:
+                    row.preemptions = (row.preemptions or 0) + 1
 
     def finish_trial(
         self,

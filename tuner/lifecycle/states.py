@@ -90,16 +90,35 @@ class TrialState(_Lifecycle):
 
 class EventKind(StrEnum):
     """What a backend reports of one attempt (:class:`tuner.backends._base.TrialEvent`).
-    ``waiting``: submitted but cannot start yet, its reason says why; not an outcome."""
+    ``waiting``: submitted but cannot start yet, its reason says why; not an outcome.
+    ``preempted``: the GPU pool stopped it for a notebook (SIGTERM, a grace period, SIGKILL);
+    an outcome, but not the trial's fault: see :data:`ATTEMPT_OUTCOMES`."""
 
     STARTED = "started"
     WAITING = "waiting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    PREEMPTED = "preempted"
 
     def is_final(self) -> bool:
         """An outcome, not news about a still-live attempt."""
-        return self in (EventKind.SUCCEEDED, EventKind.FAILED)
+        return self in ATTEMPT_OUTCOMES
+
+    def uses_a_retry(self) -> bool:
+        """Whether an attempt that ended so counts against the sweep's ``max_retries`` when
+        the trial runs again: a failure does; a preemption never does (the trial goes back
+        to the queue with its number and parameters, resumes from its checkpoint, and may be
+        preempted any number of times)."""
+        return ATTEMPT_OUTCOMES.get(self, False)
+
+
+#: How an attempt can end, and whether running the trial again afterwards uses up one of its
+#: ``max_retries`` (the one rule; :meth:`EventKind.uses_a_retry` reads it).
+ATTEMPT_OUTCOMES: dict[EventKind, bool] = {
+    EventKind.SUCCEEDED: False,
+    EventKind.FAILED: True,
+    EventKind.PREEMPTED: False,
+}
 
 
 #: The finished trial states a sweep keeps a counter of; its JSON view has one field each,
@@ -118,6 +137,9 @@ def trials_done(sweep_view: Mapping[str, Any]) -> int:
     """How many of a sweep's trials ended with a count (a cancelled one is not counted)."""
     return sum(int(sweep_view[state]) for state in COUNTED)
 
+
+#: The reason a preempted attempt's trial carries while it waits to run again.
+PREEMPTED_REASON = "preempted: its GPU went to a notebook; it resumes from its last checkpoint"
 
 #: The reason a sweep cancelled by its owner carries (``sweep show``: "cancelled: cancelled").
 CANCELLED_REASON = "cancelled"
@@ -152,7 +174,8 @@ TRIAL_TRANSITIONS: dict[tuple[TrialState, TrialState], str] = {
     (T.RUNNING, T.COMPLETED): "the attempt exited 0 after reporting a value",
     (T.RUNNING, T.PRUNED): "the pruner stopped it",
     (T.RUNNING, T.FAILED): "the attempt failed with no retry left",
-    (T.RUNNING, T.PENDING): "retry after a failed attempt, or rerun after its controller died",
+    (T.RUNNING, T.PENDING): "retry after a failed attempt, rerun after its controller died, or "
+                            "back to the queue after a preemption (not a retry)",
     (T.RUNNING, T.CANCELLED): "the sweep was cancelled or stopped while it ran",
     (T.PENDING, T.CANCELLED): "the sweep ended before it ran (asked ahead, or awaiting a retry)",
     # Recovery only: Optuna already holds an outcome our row lacks (a controller of an earlier

@@ -27,6 +27,15 @@ class Running:
     final_value: float | None = None  # a report without a step: the result
     pruned: bool = False
     waiting: bool = False  # its reason says why it cannot start yet
+    #: Earlier attempts of the trial the GPU pool stopped (not retries: see max_retries).
+    preemptions: int = 0
+    #: The GPU pool is stopping this attempt for a notebook (set when it was asked to).
+    preempting: bool = False
+
+    @property
+    def retries_used(self) -> int:
+        """Attempts so far that count against ``max_retries``: all but the preempted ones."""
+        return self.attempt - self.preemptions
 
     @property
     def key(self) -> tuple[int, int]:

@@ -133,6 +133,7 @@ class Recovery:
             paths=TrialPaths.of(row),
             last_value=row.value,
             last_step=row.last_step,
+            preemptions=row.preemptions or 0,
         )
 
     def _launch(self, row: Trial) -> TrialLaunch:
