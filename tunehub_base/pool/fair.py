@@ -74,8 +74,13 @@ class FairPolicy(Policy):
 
     name = "fair"
 
-    def __init__(self, shares: ShareConfig | None = None) -> None:
+    def __init__(self, shares: ShareConfig | None = None, trials_preempt: bool = True) -> None:
+        """``trials_preempt``: a waiting trial may stop running trials of a lower priority
+        (within its fair share); off where only notebooks' preemptions are carried out (the
+        local tuner, for now), so the queue never shows a trial waiting on a stop that will
+        not come."""
         super().__init__(shares)
+        self.trials_preempt = trials_preempt
         self._tiers = [_Tier() for _ in range(NOTEBOOK_TIER + 1)]
         #: Running trials that may be stopped, per tier: accounts by share (highest first),
         #: and each account's trials by last checkpoint (most recent first).
@@ -277,6 +282,8 @@ class FairPolicy(Policy):
     def victims(self, request: GpuRequest, need: int, now: float) -> list[Holding]:
         if request.kind == "notebook":
             tiers = range(NOTEBOOK_TIER)
+        elif not self.trials_preempt:
+            return []
         else:
             account = self.shares.account(request)
             if self._held_by_account[account] + request.gpus > self.fair_share(account):

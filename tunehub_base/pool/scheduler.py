@@ -122,6 +122,35 @@ class Scheduler:
         self._enqueue(requeued)
         return Released(holding, used, lost, requeued)
 
+    def adopt(self, request: GpuRequest, gpu_ids: Sequence[str], since: float,
+              last_checkpoint_at: float = 0.0, stopping_for: str | None = None) -> Holding:
+        """Record a holding that exists already, on exactly ``gpu_ids``, without deciding
+        anything: how a caller whose truth lives elsewhere (lock files on one machine) lays
+        the pool's present state out before asking for a decision. With ``stopping_for``,
+        the holding is a victim already on its way out for that request id (its GPUs are
+        counted as coming to it, so it is not stopped a second time)."""
+        if request.request_id in self._waiting or request.request_id in self.holdings:
+            raise ValueError(f"request {request.request_id!r} is already in the pool")
+        if len(gpu_ids) != request.gpus or not set(gpu_ids) <= set(self._free):
+            raise ValueError(f"request {request.request_id!r}: GPUs {list(gpu_ids)} are not "
+                             f"{request.gpus} free GPUs of this pool")
+        self._enqueue(request)
+        for gpu in gpu_ids:
+            self._free.remove(gpu)
+        holding = self._hold(request, tuple(gpu_ids), since)
+        holding.last_checkpoint_at = max(holding.last_checkpoint_at, last_checkpoint_at)
+        if stopping_for is not None:
+            holding.stopping = True
+            self.policy.stopping(holding)
+            self._incoming[stopping_for] = self._incoming.get(stopping_for, 0) + request.gpus
+            self._stopping_for[request.request_id] = stopping_for
+        return holding
+
+    def stopping_for(self, request_id: str) -> list[Holding]:
+        """The holdings on their way out to free GPUs for ``request_id``."""
+        return [self.holdings[victim] for victim, beneficiary in self._stopping_for.items()
+                if beneficiary == request_id and victim in self.holdings]
+
     def withdraw(self, request_id: str) -> None:
         """A waiting request gives up (cancelled sweep, abandoned spawn)."""
         request = self._waiting.pop(request_id)
@@ -154,11 +183,15 @@ class Scheduler:
         self.policy.enqueue(request)
 
     def _start(self, request: GpuRequest) -> Holding:
+        gpus = tuple(self._free.pop() for _ in range(request.gpus))
+        return self._hold(request, gpus, self.clock())
+
+    def _hold(self, request: GpuRequest, gpus: tuple[str, ...], since: float) -> Holding:
+        """The waiting ``request`` holds ``gpus`` (already taken off the free list)."""
         del self._waiting[request.request_id]
         self.waiting_gpus -= request.gpus
         self._incoming.pop(request.request_id, None)
-        gpus = tuple(self._free.pop() for _ in range(request.gpus))
-        holding = Holding(request, gpus, self.clock())
+        holding = Holding(request, gpus, since)
         self.holdings[request.request_id] = holding
         self.policy.started(holding)
         return holding
