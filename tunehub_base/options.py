@@ -104,6 +104,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TUNEHUB_LOCAL_GPUS", "GPU ids local trials may use (`0,1`; empty: none)",
             "NVML's count"),
     Setting("TUNEHUB_WARM_START", "`0`: a cold Python process per trial", "warm"),
+    Setting("TUNEHUB_PREEMPT_GRACE_SECONDS", "seconds a local trial preempted for a notebook "
+            "gets between SIGTERM and SIGKILL to save a checkpoint", "`30`", value=30),
     Setting("TUNEHUB_UNIX_USERS", "`tunehub up`: `1` a system user per person (needs root), `0` "
             "everyone shares the hub's Unix account", "`1` as root, else `0`"),
     Setting("TUNEHUB_UNIX_USER_PREFIX", "login of account `NAME` is `<prefix>NAME`",

@@ -26,6 +26,8 @@ SWEEPS_SUBMITTED = Counter("tunehub_sweeps_submitted_total", "Sweeps submitted",
 SWEEPS_FINISHED = Counter("tunehub_sweeps_finished_total", "Sweeps finished", ["state"])
 TRIALS_LAUNCHED = Counter("tunehub_trial_attempts_launched_total", "Trial attempts launched")
 TRIALS_FINISHED = Counter("tunehub_trials_finished_total", "Trials finished", ["state"])
+TRIALS_PREEMPTED = Counter("tunehub_trial_attempts_preempted_total",
+                           "Trial attempts stopped for a notebook and put back in the queue")
 TRIALS_RUNNING = Gauge("tunehub_trials_running", "Trial attempts running now")
 TRIAL_STARTS = Counter(
     "tunehub_trial_starts_total",

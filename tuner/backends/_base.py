@@ -143,6 +143,12 @@ class Backend(abc.ABC):
     async def cancel(self, trial_id: int, attempt: int) -> None:
         """Stop the attempt if it runs; a ``failed`` event follows."""
 
+    async def preempt(self, trial_id: int, attempt: int) -> bool:
+        """Stop the attempt for the GPU pool (SIGTERM, its grace period, then SIGKILL); a
+        ``preempted`` event follows. False when it does not run here or this backend cannot
+        (on Kubernetes, Kueue preempts)."""
+        return False
+
     async def reconcile(self, sweep_id: int, running: list[TrialLaunch]) -> set[tuple[int, int]]:
         """After a controller restart: which of ``running`` (trial_id, attempt) still run and
         are adopted (their events will arrive as usual). The rest are gone."""

@@ -136,6 +136,9 @@ class SweepController:
         # The ask ahead while it runs in a worker thread: its trial id once done.
         self.asking: asyncio.Future[int] | None = None
         self.created = 0
+        #: Trial numbers of the trials this controller asked or launched, by trial id (the
+        #: GPU pool's queue names waiting trials by number).
+        self.numbers: dict[int, int] = {}
         self.cancel_requested = False
         # Set when the sweep stops itself (too many failed trials): why, for the user.
         self.stop_reason: str | None = None
@@ -339,6 +342,7 @@ class SweepController:
         paths = TrialPaths.new(self.dir, asked.number)
         trial_id = self.ledger.add_trial(self.sweep_id, asked.number, asked.trial_id,
                                          asked.params, paths)
+        self.numbers[trial_id] = asked.number
         prepare_workdir(paths, self.code_dir)
         for observer in self.engine.observers:
             observer.on_trial_asked(self.sweep_id, trial_id, time.perf_counter() - began)
@@ -348,6 +352,7 @@ class SweepController:
         launched_at, began = time.time(), time.perf_counter()
         token, token_hash = new_token()
         start = self.ledger.start_attempt(self.sweep_id, trial_id, token_hash)
+        self.numbers[trial_id] = start.number
         if trial_id == self.owner_queued:  # its wait is over
             self.owner_queued = None
             self.ledger.set_reasons({trial_id: None})
@@ -366,6 +371,7 @@ class SweepController:
             token_hash=token_hash,
             optuna_trial=self.study.trial(start.number, start.optuna_trial_id),
             paths=start.paths,
+            preemptions=start.preemptions,
         ))
         await self.backend.launch(TrialLaunch(
             sweep_id=self.sweep_id,
@@ -431,10 +437,17 @@ class SweepController:
             return
         self.running.pop(event.trial_id)
         await self._start_ready()
+        if event.kind == EventKind.PREEMPTED and not rt.pruned and not self.cancel_requested:
+            # Back to the queue, first in this sweep's line: same number and parameters, its
+            # checkpoint kept; not failed, and not a retry (Running.retries_used).
+            self.ledger.requeue([rt.trial_id], event.reason, preempted=True)
+            self.relaunch.appendleft(rt.trial_id)
+            metrics.TRIALS_PREEMPTED.inc()
+            return
         state, value, reason = self._outcome(rt, event)
         if state != TrialState.FAILED or reason is None:  # (a failure always has a reason)
             await self._finish_trial(rt, state, value, reason)
-        elif rt.attempt <= self.spec.max_retries and not self.cancel_requested:
+        elif rt.retries_used <= self.spec.max_retries and not self.cancel_requested:
             self.ledger.requeue([rt.trial_id], reason)  # retried: pending again
             self.relaunch.append(rt.trial_id)
         else:
@@ -477,6 +490,32 @@ class SweepController:
                 f"last failure, {self.last_failure}"
             )
 
+    async def preempt(self, trial_id: int, attempt: int) -> bool:
+        """Stop a running attempt for the GPU pool (a notebook needs its GPUs): the backend
+        sends SIGTERM, and after the grace period SIGKILL; its ``preempted`` event then puts
+        the trial back in the queue (:meth:`_handle`). False when that attempt is not running
+        (it ended meanwhile) or the backend cannot preempt."""
+        rt = self.running.current(trial_id, attempt)
+        if rt is None:
+            return False
+        if rt.preempting:
+            return True
+        rt.preempting = await self.backend.preempt(trial_id, attempt)
+        return rt.preempting
+
+    def waiting_for_gpus(self) -> list[int]:
+        """Trial ids that would start now if GPUs were free, in the order this sweep starts
+        them: those put back in the queue (preempted, or a retry), then the one asked ahead;
+        as many as it has free slots (the others wait for its ``parallelism``, not the pool).
+        Empty when its trials need no GPU."""
+        free = self.spec.parallelism - len(self.running)
+        if not self.spec.resources.gpu or self.cancel_requested or free <= 0:
+            return []
+        waiting = list(self.relaunch)
+        if self.ready is not None:
+            waiting.append(self.ready)
+        return waiting[:free]
+
     def _waiting(self, rt: Running, event: TrialEvent) -> None:
         """A running trial that cannot start yet shows why in its reason (``sweep show``, the
         API) until it starts."""
@@ -503,6 +542,7 @@ class SweepController:
             )
 
         began = time.perf_counter()
+        self.numbers.pop(rt.trial_id, None)
         job = asyncio.ensure_future(asyncio.to_thread(finish))
         try:
             self.counts = await asyncio.shield(job)

@@ -25,12 +25,14 @@ import secrets
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from tunehub_base import unix_users
 from tunehub_base.gpu_holders import Holder
 from tunehub_base.gpus import GpuPool, discover_gpus
+from tunehub_base.options import setting
 from tuner import metrics, untrusted_files
 from tuner.backends._base import (
     COLD,
@@ -61,7 +63,7 @@ from tuner.backends.local.processes import (
 )
 from tuner.backends.local.warm import ALWAYS, warm_argv
 from tuner.backends.local.zygote import Zygote
-from tuner.lifecycle.states import CANCELLED_REASON, EventKind
+from tuner.lifecycle.states import CANCELLED_REASON, PREEMPTED_REASON, EventKind
 from tuner.scheduling.workdirs import HEADER
 from tuner.sdk.training import (
     ENV_API_SOCKET,
@@ -78,6 +80,19 @@ PRELOAD_CACHE = 64  # sweeps × commands whose preload list is remembered
 PID_FILE_BYTES = 4096  # a pid file holds one pid per worker
 
 log = logging.getLogger("tunehub.local")
+
+
+def preempt_grace() -> float:
+    """``TUNEHUB_PREEMPT_GRACE_SECONDS``: how long a preempted attempt has between SIGTERM and
+    SIGKILL to save a checkpoint (``tuner.checkpoint`` in a SIGTERM handler, or the Keras
+    callback). A value that is no number is said in the log and the default used: a typo in
+    a setting must not stop the tuner from running sweeps."""
+    grace = setting("TUNEHUB_PREEMPT_GRACE_SECONDS")
+    try:
+        return float(max(0, grace.number()))
+    except ValueError as exc:
+        log.error("%s; using %s", exc, grace.value)
+        return float(grace.value or 0)
 
 
 class LocalBackend(Backend):
@@ -113,6 +128,13 @@ class LocalBackend(Backend):
         # Each attempt its own network island, where people are apart (see island.py).
         self.islands = Islands(home) if self.unix is not None and island.enabled() else None
         self._attempts: dict[tuple[int, int], Attempt] = {}
+        #: Attempts being stopped for the GPU pool: they end ``preempted``, not failed.
+        self._preempted: set[tuple[int, int]] = set()
+        self.preempt_grace = preempt_grace()
+        #: GPUs promised to notebooks waiting in the pool's queue (the tuner service's
+        #: :class:`~tuner.scheduling.gpu_queue.GpuQueue` sets it): a trial starts only on
+        #: GPUs beyond these, so a GPU freed by a preemption goes to the notebook it was for.
+        self.reserved: Callable[[], int] = lambda: 0
         # (sweep, warm argv, spec's preload) -> modules its zygote preloads
         self._preloads: dict[tuple[int, tuple[str, ...], object],
                              asyncio.Future[tuple[str, ...]]] = {}
@@ -153,7 +175,9 @@ class LocalBackend(Backend):
             )
 
     def can_launch(self, resources: Resources) -> bool:
-        gpus = self.gpus.acquire(resources.gpu * resources.workers)
+        need = resources.gpu * resources.workers
+        # Probing for the reserved ones too: enough are free for the waiting notebooks and us.
+        gpus = self.gpus.acquire(need + self.reserved() if need else 0)
         if gpus is None:
             return False
         self.gpus.release(gpus)
@@ -408,7 +432,13 @@ class LocalBackend(Backend):
         if attempt.island is not None:
             await attempt.island.close()
         await attempt.log.finish()  # the whole output is in the log before anyone is told
-        if code == 0 and reason is None and attempt.stop_reason is None:
+        if launch.key in self._preempted:
+            self._preempted.discard(launch.key)
+            how = (f"killed after its {self.preempt_grace:g}s grace period"
+                   if code == -signal.SIGKILL else describe_exit(code))
+            await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.PREEMPTED,
+                                       code, f"{PREEMPTED_REASON} (its attempt {how})"))
+        elif code == 0 and reason is None and attempt.stop_reason is None:
             await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.SUCCEEDED, 0))
         else:
             reason = attempt.stop_reason or reason or describe_exit(code)
@@ -463,8 +493,8 @@ class LocalBackend(Backend):
                     return code, f"worker {index} {describe_exit(code)}; the others were stopped"
         return 0, None
 
-    async def _kill(self, attempt: Attempt) -> None:
-        """SIGTERM the attempt's process groups, SIGKILL after a grace period: to everything
+    async def _kill(self, attempt: Attempt, grace: float = KILL_GRACE_SECONDS) -> None:
+        """SIGTERM the attempt's process groups, SIGKILL after ``grace`` seconds: to everything
         in its cgroup where it has one."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             alive = [(pid, fut) for pid, fut in attempt.procs if not fut.done()]
@@ -475,8 +505,8 @@ class LocalBackend(Backend):
             for pid, _ in alive:
                 killpg(pid, sig)
             try:
-                await asyncio.wait_for(
-                    asyncio.gather(*(asyncio.shield(f) for _, f in alive)), KILL_GRACE_SECONDS)
+                await asyncio.wait_for(asyncio.gather(*(asyncio.shield(f) for _, f in alive)),
+                                       grace if sig == signal.SIGTERM else KILL_GRACE_SECONDS)
                 return
             except asyncio.TimeoutError:
                 continue
@@ -486,6 +516,22 @@ class LocalBackend(Backend):
         if running is not None:
             running.stop_reason = CANCELLED_REASON
             await self._kill(running)
+
+    async def preempt(self, trial_id: int, attempt: int) -> bool:
+        """SIGTERM now, SIGKILL after :attr:`preempt_grace` (in a task: the caller, the pool's
+        decision, does not wait for the trial to save its checkpoint); its end is reported
+        ``preempted``, whatever its exit."""
+        running = self._attempts.get((trial_id, attempt))
+        if running is None or running.launch.key in self._preempted:
+            return running is not None
+        self._preempted.add(running.launch.key)
+        running.stop_reason = PREEMPTED_REASON
+        log.info("preempting attempt %s of trial %s: SIGTERM, SIGKILL after %gs", attempt,
+                 trial_id, self.preempt_grace)
+        task = asyncio.get_running_loop().create_task(self._kill(running, self.preempt_grace))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
 
     async def reconcile(self, sweep_id: int, running: list[TrialLaunch]) -> set[tuple[int, int]]:
         """Attempts of a dead controller died with it (PDEATHSIG); anything they started
