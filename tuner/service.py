@@ -130,9 +130,14 @@ async def serve() -> None:
         default_backend=names[0],
     )
     if "local" in backends:
+        from tuner.backends.local.backend import LocalBackend
         from tuner.metrics import watch_gpu_pool
+        from tuner.scheduling.gpu_queue import GpuQueue
 
         watch_gpu_pool(settings.gpu_locks_dir)
+        local = backends["local"]
+        if isinstance(local, LocalBackend):
+            ctx.gpu_queue = GpuQueue(engine, local, settings.gpu_locks_dir)
     app = make_app(engine, prefix, ctx, cookie_secret(settings))
     server = await listen(app, host, port, tls_context())
     await engine.start()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from jupyterhub.services.auth import HubOAuth
 
 from tuner.backends import Backend
+from tuner.scheduling.gpu_queue import GpuQueue
 from tuner.scheduling.host import SweepHost
 from tuner.serving.registry import Registry
 from tuner.sweep_store import SweepStore
@@ -27,3 +28,5 @@ class ServiceContext:
     hub_auth: HubOAuth
     backends: dict[str, Backend]
     default_backend: str = "local"
+    #: Notebooks waiting for this machine's GPUs (the local backend's pool); None without it.
+    gpu_queue: GpuQueue | None = None

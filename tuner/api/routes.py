@@ -15,7 +15,7 @@ from tuner.api.context import ServiceContext
 from tuner.api.models import ModelHandler, ModelsHandler, PromoteHandler
 from tuner.api.openapi import OpenApiHandler
 from tuner.api.pages import IndexHandler
-from tuner.api.pool import PoolHandler, UsageHandler
+from tuner.api.pool import PoolHandler, PoolRequestsHandler, UsageHandler
 from tuner.api.scrape import MetricsRoute
 from tuner.api.sweeps import (
     SweepCancelHandler,
@@ -48,6 +48,7 @@ def service_routes(base: str, ctx: ServiceContext) -> list[Any]:
         (rf"{base}api/v1/models/([^/]+)", ModelHandler, c),
         (rf"{base}api/v1/models/([^/]+)/versions/([^/]+)/promote", PromoteHandler, c),
         (rf"{base}api/v1/pool", PoolHandler, c),
+        (rf"{base}api/v1/pool/requests", PoolRequestsHandler, c),
         (rf"{base}api/v1/usage", UsageHandler, c),
         (rf"{base}api/v1/openapi.json", OpenApiHandler, {"base_path": base}),
         (rf"{base}metrics", MetricsRoute, c),

@@ -62,6 +62,14 @@ def cmd_pool(args: argparse.Namespace) -> int:
                       row.get("since_iso") or "-",
                       "-" if row.get("utilization") is None else f"{row['utilization']:.0%}")
     console.print(table)
+    if view.get("queue"):  # from the tuner service, which keeps the queue
+        waiting = Table(title="Waiting for GPUs")
+        for col in ("#", "person", "what", "gpus", "reason"):
+            waiting.add_column(col)
+        for q in view["queue"]:
+            waiting.add_row(str(q["position"]), q["person"], q["what"], str(q["gpus"]),
+                            q["reason"])
+        console.print(waiting)
     return 0
 
 
