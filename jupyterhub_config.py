@@ -97,6 +97,10 @@ else:
     c.Spawner.http_timeout = 120
     profiles = local_spawner.default_profiles(len(local_spawner.discover_gpus()[0]))
     c.TunehubLocalSpawner.profiles = profiles
+    # A GPU notebook on a full pool waits in the tuner's queue, which preempts a trial for it.
+    c.TunehubLocalSpawner.pool_queue_url = (
+        f"{tuner_url}{tuner_service.sweeps_page_url()}api/v1/pool/requests")
+    c.TunehubLocalSpawner.pool_queue_ca = str(internal.api_ca) if internal else ""
 
 # --- services: the tuner, the idle culler ----------------------------------------------------
 if opts.mode == "kubernetes":

@@ -13,6 +13,9 @@ GPUs are whole devices taken from the same lock files the tuner's local backend 
 notebook and a trial never share a GPU. The notebook server process itself holds the locks
 (inherited file descriptors): they outlive a hub restart and free themselves when the server
 exits, however it exits. CPU-only servers see no GPU at all (``CUDA_VISIBLE_DEVICES=""``).
+A GPU notebook on a full pool waits in the tuner's queue (:mod:`hub.gpu_wait`), which
+preempts a trial for it, with its position and reason on the spawn page, up to
+``gpu_wait_timeout``; without a queue (``pool_queue_url`` empty) it is refused at once.
 
 Why ours and not JupyterHub's ``LocalProcessSpawner``: it looks the hub user's name up as a
 system user (``pwd.getpwnam(user.name)``) and switches to it; ours switches to the account's own
@@ -27,16 +30,21 @@ it keeps the base class's pre-exec step (``chdir`` to the home) before its own p
 
 from __future__ import annotations
 
+import asyncio
 import html
+import math
 import os
 import subprocess
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
-from traitlets import Bool, Dict, List, Unicode, default
+from traitlets import Bool, Dict, Float, List, Unicode, default
 
 from hub import internal_tls
+from hub.gpu_wait import PoolQueueClient
 from hub.spawn_refused import SpawnRefused
 from tunehub_base import unix_users
 from tunehub_base.gpu_holders import Holder, HolderBook
@@ -92,11 +100,42 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         in a home its owner controls. Set by the hub config.""",
     ).tag(config=True)
 
+    pool_queue_url = Unicode(
+        help="""The tuner's queue for GPUs (``.../api/v1/pool/requests``; the hub config sets
+        it). A GPU notebook on a full pool waits there with its position, and the tuner
+        preempts a trial for it. Empty: no queue, a full pool refuses the spawn at once.""",
+    ).tag(config=True)
+
+    pool_queue_ca = Unicode(
+        help="The CA the tuner's certificate is checked against on the way to "
+        "``pool_queue_url`` (internal TLS on one machine); empty: the system's CAs.",
+    ).tag(config=True)
+
+    gpu_wait_timeout = Float(
+        600.0,
+        help="""Seconds a GPU notebook waits in the pool's queue for its GPUs before its spawn
+        fails with the reason. The wait comes on top of ``start_timeout`` (the server's own
+        start), which is stretched by this much for a GPU profile.""",
+    ).tag(config=True)
+
+    gpu_poll_interval = Float(
+        1.0,
+        help="Seconds between two looks at the GPU locks (and asks to the tuner's queue, which "
+        "keep the notebook's place: one not asked for 30 s lapses) while a notebook waits.",
+    ).tag(config=True)
+
     gpus = List(Unicode(), help="GPU ids held by the running server (kept in the state).")
 
     gpu_holdings = Dict(help="""GPU id -> the id of its recorded holding (kept in the state): what
         ends the server's holdings in the GPU-hours ledger when it stops
         (:mod:`tunehub_base.gpu_holders`).""")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        #: ``start_timeout`` as configured: the server's own start, without a GPU wait.
+        self._server_start_timeout = self.start_timeout
+        #: While the spawn waits for GPUs: what the spawn page says (position and reason).
+        self._gpu_wait_message: str | None = None
 
     @default("unix_users")
     def _default_unix_users(self) -> bool:
@@ -220,27 +259,94 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
             env.update(USER=self._owner.login, LOGNAME=self._owner.login)
         return env
 
-    def _take_gpus(self, count: int) -> tuple[list[str], list[int]]:
+    def run_pre_spawn_hook(self) -> Any:
+        """Before JupyterHub starts the clock on :meth:`start`: a GPU profile may first wait
+        in the pool's queue, so its ``start_timeout`` is the server's own plus
+        ``gpu_wait_timeout`` (a bad profile is refused by :meth:`start`, with its reason)."""
+        try:
+            gpus = int(self.chosen_profile().get("gpus") or 0)
+        except SpawnRefused:
+            gpus = 0
+        waits = gpus > 0 and bool(self.pool_queue_url)
+        self.start_timeout = self._server_start_timeout + (
+            math.ceil(self.gpu_wait_timeout) if waits else 0)
+        return super().run_pre_spawn_hook()
+
+    def _groups(self) -> tuple[str, ...]:
+        return tuple(sorted(g.name for g in getattr(self.user, "groups", None) or ()))
+
+    async def _take_gpus(self, count: int) -> tuple[list[str], list[int]]:
         ids, source = discover_gpus()
         if count > len(ids):
             raise SpawnRefused(
                 f"this profile needs {count} GPU(s) but this machine has {len(ids)} ({source})"
             )
         pool = GpuPool(Path(self.gpu_lock_dir), ids)
-        groups = tuple(sorted(g.name for g in getattr(self.user, "groups", None) or ()))
-        taken = pool.acquire(count, Holder.notebook(self.user.name, self.name or "", groups))
-        if taken is None:
+        taken = self._try_take(pool, count)
+        if taken is not None:
+            return taken
+        if not self.pool_queue_url:
             raise SpawnRefused(
                 f"all GPUs are busy (trials or other notebooks hold them); {count} needed. "
                 "Try again later or start a CPU-only server."
             )
+        return await self._wait_for_gpus(pool, count)
+
+    def _try_take(self, pool: GpuPool, count: int) -> tuple[list[str], list[int]] | None:
+        holder = Holder.notebook(self.user.name, self.name or "", self._groups())
+        taken = pool.acquire(count, holder)
+        if taken is None:
+            return None
         self.gpu_holdings = pool.holdings(taken)
         return taken, pool.detach(taken)
+
+    async def _wait_for_gpus(self, pool: GpuPool, count: int) -> tuple[list[str], list[int]]:
+        """Wait in the tuner's queue (which preempts a trial for us) until the GPUs are ours
+        or ``gpu_wait_timeout`` ran out; the spawn page shows the position and the reason
+        meanwhile (:meth:`progress`)."""
+        client = PoolQueueClient(self.pool_queue_url, Path(self.gpu_lock_dir),
+                                 self.pool_queue_ca or None)
+        person, server = self.user.name, self.name or ""
+        deadline = time.monotonic() + self.gpu_wait_timeout
+        began = time.monotonic()
+        try:
+            while True:
+                waiting = await client.ask(person, server, list(self._groups()), count)
+                self._gpu_wait_message = waiting.message
+                taken = self._try_take(pool, count)
+                if taken is not None:
+                    self.log.info("server for %s: got %d GPU(s) after %.1fs in the queue",
+                                  person, count, time.monotonic() - began)
+                    return taken
+                if time.monotonic() >= deadline:
+                    raise SpawnRefused(
+                        f"no GPU became free for you within {self.gpu_wait_timeout:g} s "
+                        f"(gpu_wait_timeout); last: {waiting.message}. Try again later or "
+                        "start a CPU-only server.")
+                await asyncio.sleep(self.gpu_poll_interval)  # the next look at the locks
+        finally:
+            self._gpu_wait_message = None
+            await client.withdraw(person, server)
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        """The spawn page's news: while the server waits for GPUs, its place in the queue and
+        why (each change once); then that the GPUs are taken. JupyterHub ends this when the
+        spawn ends."""
+        shown: str | None = None
+        while True:
+            message = self._gpu_wait_message
+            if message is not None and message != shown:
+                shown = message
+                yield {"progress": 10, "message": message}
+            elif message is None and shown is not None:
+                yield {"progress": 50, "message": "GPU taken: starting your server"}
+                return
+            await asyncio.sleep(0.5)  # the next look at the wait's state
 
     async def start(self) -> Any:
         profile = self.chosen_profile()
         self._prepare_home()
-        gpus, fds = self._take_gpus(int(profile.get("gpus") or 0))
+        gpus, fds = await self._take_gpus(int(profile.get("gpus") or 0))
         self.environment = {**self.environment, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
         self.popen_kwargs = {**self.popen_kwargs, "pass_fds": tuple(fds)}
         try:
