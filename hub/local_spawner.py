@@ -134,8 +134,11 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         super().__init__(**kwargs)
         #: ``start_timeout`` as configured: the server's own start, without a GPU wait.
         self._server_start_timeout = self.start_timeout
-        #: While the spawn waits for GPUs: what the spawn page says (position and reason).
+        #: While the spawn waits for GPUs: what the spawn page says (position and reason);
+        #: once it got them, the last word (a wait that failed is JupyterHub's to report).
         self._gpu_wait_message: str | None = None
+        self._gpu_wait_ended: str | None = None
+        self._withdrawal: asyncio.Future[None] | None = None
 
     @default("unix_users")
     def _default_unix_users(self) -> bool:
@@ -306,6 +309,7 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         meanwhile (:meth:`progress`)."""
         client = PoolQueueClient(self.pool_queue_url, Path(self.gpu_lock_dir),
                                  self.pool_queue_ca or None)
+        self._gpu_wait_ended = None
         person, server = self.user.name, self.name or ""
         deadline = time.monotonic() + self.gpu_wait_timeout
         began = time.monotonic()
@@ -317,6 +321,7 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
                 if taken is not None:
                     self.log.info("server for %s: got %d GPU(s) after %.1fs in the queue",
                                   person, count, time.monotonic() - began)
+                    self._gpu_wait_ended = "GPU taken: starting your server"
                     return taken
                 if time.monotonic() >= deadline:
                     raise SpawnRefused(
@@ -326,7 +331,8 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
                 await asyncio.sleep(self.gpu_poll_interval)  # the next look at the locks
         finally:
             self._gpu_wait_message = None
-            await client.withdraw(person, server)
+            # Not awaited: a start cancelled here (its timeout) must not lose the GPUs taken.
+            self._withdrawal = asyncio.ensure_future(client.withdraw(person, server))
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         """The spawn page's news: while the server waits for GPUs, its place in the queue and
@@ -339,7 +345,8 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
                 shown = message
                 yield {"progress": 10, "message": message}
             elif message is None and shown is not None:
-                yield {"progress": 50, "message": "GPU taken: starting your server"}
+                if self._gpu_wait_ended is not None:
+                    yield {"progress": 50, "message": self._gpu_wait_ended}
                 return
             await asyncio.sleep(0.5)  # the next look at the wait's state
 
