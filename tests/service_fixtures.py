@@ -104,10 +104,12 @@ def tuner_hub(tmp_path: Path, db_url: str) -> Iterator[TunerHub]:
 
 @contextmanager
 def running_tuner_hub(
-    tmp_path: Path, db_url: str, extra_env: dict[str, str] | None = None
+    tmp_path: Path, db_url: str, extra_env: dict[str, str] | None = None,
+    extra_config: str = "",
 ) -> Iterator[TunerHub]:
     """The hub and its tuner service; ``extra_env`` goes to the service (e.g. the Kubernetes
-    backend's settings)."""
+    backend's settings) and the hub; ``extra_config`` is appended to the hub's config, with
+    ``{port}``, ``{hub_port}``, ``{service_port}`` and ``{home}`` filled in."""
     from tunehub_base.scopes import SCOPES
 
     home = tmp_path / "hub"
@@ -131,7 +133,8 @@ def running_tuner_hub(
                 admin_token=admin_token, service_port=service_port,
                 proxy_api_port=proxy_api_port, environment=environment,
             )
-        )
+        ) + textwrap.dedent(extra_config).format(
+            port=port, hub_port=hub_port, service_port=service_port, home=home)
     )
     log = home / "jupyterhub.log"
     env = {**os.environ, **environment}
