@@ -167,9 +167,16 @@ def test_idle_gpu_servers_are_culled_first_and_busy_kernels_are_not_idle(
     assert sorted(holders) == ["gpu-busy", "gpu-idle"], book.pool(["0", "1"])
     assert {r["holder"]["kind"] for r in holders.values()} == {"notebook"}
 
-    # Both GPUs are held: a third GPU server is refused with the reason (400, not a 500).
+    # Both GPUs are held, by notebooks (nothing to preempt): a third GPU server waits in the
+    # pool's queue, not refused, and gets the first GPU freed.
     r = hub.client.post("hub/api/users/gpu-late/server", json={"profile": "gpu-1"})
-    assert r.status_code == 400 and "all GPUs are busy" in r.json()["message"], r.text
+    assert r.status_code == 202 and (hub.server("gpu-late") or {}).get("pending") == "spawn", \
+        r.text
+    # The spawner reached the tuner's queue (internal TLS, the shared secret): it waits there.
+    queue = wait_for(lambda: hub.call("GET", "services/tuner/api/v1/pool", 200)["queue"],
+                     timeout=60, what="the waiting server in the tuner's queue")
+    assert [(q["position"], q["person"], q["kind"]) for q in queue] == [
+        (1, "gpu-late", "notebook")]
 
     wait_for(lambda: hub.server("gpu-idle") is None, timeout=gpu_timeout + 90,
              what="the idle GPU server to be culled")
@@ -177,9 +184,11 @@ def test_idle_gpu_servers_are_culled_first_and_busy_kernels_are_not_idle(
     assert (hub.server("gpu-busy") or {}).get("ready"), "a busy kernel's server was culled"
     assert (hub.server("cpu-idle") or {}).get("ready"), "a CPU server went at the GPU timeout"
 
-    # The culled server's GPU is back in the pool, its time in the ledger.
+    # The culled server's GPU is back in the pool, its time in the ledger, and the waiting
+    # server took it.
     assert [i["person"] for i in book.intervals()] == ["gpu-idle"]
-    hub.start_server("gpu-late", "gpu-1")
+    wait_for(lambda: (hub.server("gpu-late") or {}).get("ready"), timeout=120,
+             what="the waiting GPU server to start on the freed GPU")
     held = {r["holder"]["person"] for r in book.pool(["0", "1"]) if r["holder"]}
     assert held == {"gpu-busy", "gpu-late"}
 
