@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -373,3 +374,13 @@ def test_a_gpu_notebook_preempts_a_trial_which_resumes_from_its_checkpoint(
     assert first >= 2 and record["steps"] == ["1"] * first + ["2", "2"]  # continued, not redone
     assert final["value"] == pytest.approx(first + 2)
     assert bob.get("pool").json()["queue"] == []
+    metrics = httpx.get(f"{hub.url}services/tuner/metrics", timeout=30,
+                        headers={"Authorization": f"token {hub.admin_token}"}).text
+    assert "tunehub_trial_attempts_preempted_total 1.0" in metrics
+    # How long the notebook waited: the trial's grace period (it saved its checkpoint at once
+    # but lingered until SIGKILL), plus the moments to notice the freed GPU.
+    waited = re.search(r"server for bob: got 1 GPU\(s\) after ([0-9.]+)s in the queue",
+                       hub.log.read_text())
+    assert waited is not None
+    print(f"bob's notebook waited {waited.group(1)} s for the GPU (grace {GRACE_SECONDS} s)")
+    assert GRACE_SECONDS <= float(waited.group(1)) < GRACE_SECONDS + 60
