@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,7 +282,8 @@ def test_a_gpu_notebook_preempts_a_trial_which_resumes_from_its_checkpoint(
 ) -> None:
     hub = gpu_hub
     ana = hub.client(hub.token("ana", SUBMIT))
-    bob = hub.client(hub.token("bob", SUBMIT))
+    bob_token = hub.token("bob", SUBMIT)
+    bob = hub.client(bob_token)
     path = write_sweep(hub.data / "code", TRAIN, trials=1, parallelism=1, max_retries=0,
                        pruner="none", direction="maximize", resources={"gpu": 1},
                        trial_timeout="10m")
@@ -352,6 +356,13 @@ def test_a_gpu_notebook_preempts_a_trial_which_resumes_from_its_checkpoint(
         (1, "ana", "trial", f"sweep {sweep_id} trial 0")]
     shares = {row["person"]: row for row in pool["shares"]}
     assert shares["bob"]["held_gpus"] == 1 and shares["ana"]["waiting_gpus"] == 1
+    # tunehub pool, from bob's notebook terminal (the service's view), shows the queue too.
+    cli = subprocess.run(
+        [str(Path(sys.executable).parent / "tunehub"), "pool"], capture_output=True, text=True,
+        timeout=120, env={**os.environ, "TUNEHUB_API_URL": f"{hub.url}services/tuner/",
+                          "TUNEHUB_TOKEN": bob_token, "COLUMNS": "200"})
+    assert cli.returncode == 0, cli.stderr
+    assert "Waiting for GPUs" in cli.stdout and f"sweep {sweep_id} trial 0" in cli.stdout
     assert trial()["state"] == "pending"  # it does not run beside the notebook
 
     # Bob stops his notebook: the trial runs again, same number and parameters, from its
