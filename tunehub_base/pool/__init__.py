@@ -6,9 +6,10 @@ from its last checkpoint; everyone else waits with a position and a reason.
 
 Pure decisions on an injected clock (:class:`Scheduler`), with the policy as a small base class
 and one module per implementation (:class:`FairPolicy`, the product's; :class:`FirstComePolicy`
-and :class:`PartitionedPolicy`, the baselines ``benchmarks/pool.py`` compares it with). Not yet
-wired into the hub's spawners or the tuner's backends, which still use
-:class:`tunehub_base.gpus.GpuPool`.
+and :class:`PartitionedPolicy`, the baselines ``benchmarks/pool.py`` compares it with). On one
+machine the tuner's :mod:`tuner.scheduling.gpu_queue` lays the lock files of
+:class:`tunehub_base.gpus.GpuPool` out for it (:meth:`Scheduler.adopt`) and carries out what it
+decides for notebooks; Kubernetes mode does not use it yet.
 """
 
 from __future__ import annotations
