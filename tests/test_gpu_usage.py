@@ -5,17 +5,20 @@ view, the metrics and a real local sweep read the figures the test writes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, Home
 from tests.nvml_standin import DRIVER_NOT_LOADED, GPU_IS_LOST, GiB, StandIn, build, idle_gpu
 from tests.polling import wait_for
+from tests.service_fixtures import running_tuner_hub
 from tests.sweeps_helpers import parse_json, record_dir, write_sweep
 from tunehub_base.gpu_meter import UseMeter, UsePolicy
 from tunehub_base.gpu_usage import LOST, NO_LIBRARY, GpuReading
@@ -66,8 +69,6 @@ class Reader:
 
 
 def _base_env() -> dict[str, str]:
-    import os
-
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH",
                                                            "NVML_STANDIN_FIGURES")}
     env["PYTHONPATH"] = str(REPO)
@@ -285,3 +286,45 @@ def test_in_use_means_a_process_on_it_or_utilisation_at_the_threshold() -> None:
     short.add(GpuReading("0", utilization=0.0, memory_used_bytes=0, memory_total_bytes=1),
               9.0, policy)
     assert not short.unused(policy)  # not yet measured for the grace period
+
+
+NOTEBOOK_READ = ["custom:tuner:read", "access:services!service=tuner"]
+
+
+def test_the_service_measures_what_notebooks_do_with_their_gpus(
+    standin: StandIn, tmp_path: Path
+) -> None:
+    """A notebook server's GPU (held as the hub's spawner holds it) is measured by the tuner
+    service: its used GPU-hours counted beside the allocated ones, while held and after."""
+    from tests.test_gpu_pool_view import Holding
+
+    standin.set({"util": 50, "mem_used": GiB, "mem_total": 16 * GiB, "pids": [4321]})
+    with running_tuner_hub(tmp_path, f"sqlite:///{tmp_path / 'tunehub.sqlite'}", extra_env={
+            "TUNEHUB_LOCAL_GPUS": "0", "TUNEHUB_GPU_SAMPLE_SECONDS": "0.3", **standin.env}) as hub:
+        ann = Holding({**os.environ, **hub.env}, person="ann", kind="notebook", server="")
+        try:
+            bob = hub.client(hub.token("bob", NOTEBOOK_READ))
+
+            def usage() -> dict[str, Any]:
+                got = bob.get("usage", params={"since": "2026-01-01"})
+                assert got.status_code == 200, got.text
+                return dict(got.json())
+
+            held = wait_for(lambda: usage()["used"]["notebook"].get("ann", 0) > 0 and usage(),
+                            timeout=120, what="the notebook's GPU use to be measured")
+            assert 0 < held["used"]["notebook"]["ann"] <= held["notebook"]["ann"]
+            gpu = bob.get("pool").json()["gpus"][0]
+            assert gpu["holder"]["person"] == "ann" and gpu["use"]["ever_busy"]
+            assert gpu["utilization"] == 0.5 and gpu["pids"] == [4321]
+            metrics = httpx.get(f"{hub.url}services/tuner/metrics", timeout=30,
+                                headers={"Authorization": f"token {hub.admin_token}"}).text
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                       for f in text_string_to_metric_families(metrics) for s in f.samples}
+            assert samples[("tunehub_gpu_used_seconds_total",
+                            (("kind", "notebook"), ("person", "ann")))] > 0
+            assert samples[("tunehub_gpu_utilization_ratio", (("gpu", "0"),))] == 0.5
+            ann.release()  # the ledger keeps what was measured
+            ended = usage()
+            assert ended["used"]["notebook"]["ann"] >= held["used"]["notebook"]["ann"]
+        finally:
+            ann.stop()

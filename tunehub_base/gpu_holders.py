@@ -301,6 +301,7 @@ class HolderBook:
                         row["holder"] = {**asdict(holding.holder), "what": holding.holder.what,
                                          "groups": list(holding.holder.groups)}
                         row["since"] = holding.since
+                        row["holding"] = holding.id
                         row["use"] = holding.use
                 rows.append(row)
         finally:

@@ -58,7 +58,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
     table = Table(title=f"GPU pool: {view['held']} of {view['total']} held ({view['gpu_source']})")
     for col in ("gpu", "state", "person", "holder", "since", "utilization", "memory"):
         table.add_column(col)
-    absent = set()
+    absent: set[str] = set()
     for row in view["gpus"]:
         holder = row.get("holder") or {}
         table.add_row(str(row["gpu"]), row["state"], holder.get("person") or "-",

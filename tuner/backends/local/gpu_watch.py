@@ -37,8 +37,9 @@ class Watched:
 
 class GpuWatch:
     def __init__(self, pool: GpuPool, interval: float | None = None,
-                 policy: UsePolicy | None = None) -> None:
+                 policy: UsePolicy | None = None, holder: str = "attempt") -> None:
         self.pool = pool
+        self.holder = holder  # what the notes call the holder: "this attempt" ...
         self.interval = max(0.1, interval if interval is not None
                             else number_setting("TUNEHUB_GPU_SAMPLE_SECONDS"))
         self.policy = policy or UsePolicy.from_env()
@@ -48,7 +49,10 @@ class GpuWatch:
 
     def start(self, key: object, gpus: list[str], note: Callable[[str], None]) -> None:
         """Measure the GPUs an attempt (``key``) was given until :meth:`end`."""
-        holdings = self.pool.holdings(gpus)
+        self.watch(key, self.pool.holdings(gpus), note)
+
+    def watch(self, key: object, holdings: dict[str, str], note: Callable[[str], None]) -> None:
+        """Measure the GPUs of ``holdings`` (GPU id -> holding id) until :meth:`end`."""
         if not holdings:
             return
         now = time.time()
@@ -66,7 +70,7 @@ class GpuWatch:
         self._keep(watched)
         if watched.unused:
             held = max(time.time() - m.since for m in watched.meters.values())
-            self._note(watched, f"this attempt held GPU {', '.join(watched.unused)} for "
+            self._note(watched, f"this {self.holder} held GPU {', '.join(watched.unused)} for "
                        f"{held:.0f} s and never used it ({self.policy.describe()} or more)")
 
     async def close(self) -> None:
@@ -98,11 +102,11 @@ class GpuWatch:
             self._keep(watched)
             unused = sorted(g for g, m in watched.meters.items() if m.unused(self.policy))
             if unused and unused != watched.unused:
-                self._note(watched, f"GPU {', '.join(unused)} of this attempt is not used: "
+                self._note(watched, f"GPU {', '.join(unused)} of this {self.holder} is not used: "
                            f"{self.policy.describe()}. Does the code run on the CPU? (The GPU "
-                           "stays held for this attempt until it ends.)")
+                           f"stays held for this {self.holder} until it ends.)")
             for gpu in sorted(set(watched.unused) - set(unused)):
-                self._note(watched, f"GPU {gpu} of this attempt is in use now")
+                self._note(watched, f"GPU {gpu} of this {self.holder} is in use now")
             watched.unused = unused
 
     def _keep(self, watched: Watched) -> None:
