@@ -194,9 +194,18 @@ def _show(home: Home, sweep: int) -> dict[str, Any]:
     return dict(parse_json(home.cli("sweep", "show", str(sweep), "--json", check=True).stdout))
 
 
-def _use(home: Home, sweep: int) -> dict[str, Any] | None:
+def _use(home: Home, sweep: int) -> dict[str, Any]:
+    """The sweep's one trial's measured GPU use so far ({} before there is any)."""
     trials = _show(home, sweep)["trials_detail"]
-    return trials[0]["gpu_use"] if trials else None
+    return (trials[0]["gpu_use"] or {}) if trials else {}
+
+
+def _use_when(home: Home, sweep: int, ready: Any, what: str) -> dict[str, Any]:
+    """The trial's GPU use once ``ready(use)`` holds."""
+    def check() -> dict[str, Any] | None:
+        use = _use(home, sweep)
+        return use if use and ready(use) else None
+    return wait_for(check, timeout=180, what=what)
 
 
 def _finish(home: Home, record: Path, sweep: int) -> dict[str, Any]:
@@ -210,8 +219,8 @@ def test_a_trial_that_never_uses_its_gpu_is_flagged(gpu_home: Home, tmp_path: Pa
     home = gpu_home
     record = record_dir(home, tmp_path)
     sweep = _start(home, tmp_path, "cpu-bound")
-    flagged = wait_for(lambda: (_use(home, sweep) or {}).get("unused") and _use(home, sweep),
-                       timeout=180, what="the idle trial to be flagged while it runs")
+    flagged = _use_when(home, sweep, lambda use: use["unused"],
+                        "the idle trial to be flagged while it runs")
     assert flagged["running"] and flagged["gpus"] == ["0"] and flagged["unused_gpus"] == ["0"]
     assert flagged["used_seconds"] == 0 and flagged["measured_seconds"] >= 1.5
     log = home.cli("sweep", "logs", str(sweep), "0", check=True).stdout
@@ -243,8 +252,8 @@ def test_a_trial_busy_on_its_gpu_is_counted_and_not_flagged(
     wait_for(lambda: (record / "pid").exists(), timeout=180, what="the trial to start")
     pid = int((record / "pid").read_text())
     # Measured for longer than the grace period, and in use all along.
-    use = wait_for(lambda: ((_use(home, sweep) or {}).get("measured_seconds", 0) >= 3
-                            and _use(home, sweep)), timeout=180, what="a few seconds measured")
+    use = _use_when(home, sweep, lambda use: use["measured_seconds"] >= 3,
+                    "a few seconds measured")
     assert not use["unused"] and use["used_seconds"] > 0
     assert use["peak_memory_bytes"] == 2 * GiB
     pool = parse_json(home.cli("pool", "--json", check=True).stdout)["gpus"][0]
@@ -253,8 +262,7 @@ def test_a_trial_busy_on_its_gpu_is_counted_and_not_flagged(
 
     # The GPU falls off the bus: the tuner says so, and goes on.
     standin.set({"error": GPU_IS_LOST})
-    wait_for(lambda: (_use(home, sweep) or {}).get("absent") == LOST, timeout=120,
-             what="the lost GPU to be reported")
+    _use_when(home, sweep, lambda use: use["absent"] == LOST, "the lost GPU to be reported")
 
     done = _finish(home, record, sweep)
     use = done["trials_detail"][0]["gpu_use"]

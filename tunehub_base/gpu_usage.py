@@ -121,8 +121,11 @@ def _handle(pynvml: Any, gpu: str) -> Any:
         return pynvml.nvmlDeviceGetHandleByIndex(index) \
             if index < pynvml.nvmlDeviceGetCount() else None
     for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+        except pynvml.NVMLError:
+            continue  # another GPU, lost: not the one asked for
         if (uuid.decode() if isinstance(uuid, bytes) else uuid) == gpu:
             return handle
     return None
