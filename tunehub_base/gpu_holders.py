@@ -353,7 +353,8 @@ class HolderBook:
             if seconds <= 0:
                 continue
             hours = seconds / 3600
-            use = span.get("use") if isinstance(span.get("use"), dict) else {}
+            use = span.get("use")
+            use = use if isinstance(use, dict) else {}
             used_hours = _number(use.get("used_seconds")) / 3600 * (
                 seconds / (end - start) if end > start else 1.0)
             total += hours
