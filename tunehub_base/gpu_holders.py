@@ -10,8 +10,12 @@ root, so only the platform writes them):
     sweep, trial number and attempt, and since when. Replaced whole (a new file renamed over the
     old one), never followed: every open is ``O_NOFOLLOW`` relative to the directory opened once.
 
+    The holder that measures its GPUs' use (:mod:`tunehub_base.gpu_meter`) rewrites the record
+    with what it measured so far (``"use"``), so the record a holder leaves says what it did.
+
 ``ledger.jsonl``
-    Append-only: one line per ended holding, ``{"gpu", "person", "kind", ..., "start", "end"}``.
+    Append-only: one line per ended holding, ``{"gpu", "person", "kind", ..., "start", "end"}``
+    and its measured ``"use"`` where it was measured.
     The holder that releases a GPU appends it; a holding whose holder died without releasing
     (its lock freed by the kernel, its record left behind) is closed by the platform's next
     allocation of any GPU (:meth:`HolderBook.close_stale`), at that moment (``"stale": true``:
@@ -31,6 +35,7 @@ reads free.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -92,10 +97,15 @@ class Holding:
     holder: Holder
     since: float
     id: str = field(default_factory=lambda: secrets.token_hex(8))
+    #: What the holder measured of its use so far (:class:`tunehub_base.gpu_meter.UseMeter`).
+    use: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "gpu": self.gpu, "since": self.since,
-                **{k: v for k, v in asdict(self.holder).items()}}
+        raw = {"id": self.id, "gpu": self.gpu, "since": self.since,
+               **{k: v for k, v in asdict(self.holder).items()}}
+        if self.use is not None:
+            raw["use"] = self.use
+        return raw
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Holding:
@@ -103,8 +113,9 @@ class Holding:
             person=str(raw["person"]), kind=str(raw["kind"]), server=raw.get("server"),
             sweep_id=raw.get("sweep_id"), trial=raw.get("trial"), attempt=raw.get("attempt"),
             groups=tuple(str(g) for g in raw.get("groups") or ()))
+        use = raw.get("use")
         return cls(gpu=str(raw["gpu"]), holder=holder, since=float(raw["since"]),
-                   id=str(raw["id"]))
+                   id=str(raw["id"]), use=use if isinstance(use, dict) else None)
 
 
 class HolderBook:
@@ -165,15 +176,32 @@ class HolderBook:
             if stale is not None:
                 self._append(ledger, stale, now, stale=True)
             holding = Holding(gpu=gpu, holder=holder, since=now)
-            tmp = f".{record_name(gpu)}.{secrets.token_hex(4)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                         dir_fd=dir_fd)
-            try:
-                os.write(fd, json.dumps(holding.to_json()).encode())
-            finally:
-                os.close(fd)
-            os.replace(tmp, record_name(gpu), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            self._write_record(holding, dir_fd)
             return holding
+
+    @staticmethod
+    def _write_record(holding: Holding, dir_fd: int) -> None:
+        """Replace the GPU's record whole (a new file renamed over it, never followed)."""
+        name = record_name(holding.gpu)
+        tmp = f".{name}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                     dir_fd=dir_fd)
+        try:
+            os.write(fd, json.dumps(holding.to_json()).encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+    def measured(self, gpu: str, holding_id: str, use: dict[str, Any]) -> bool:
+        """Keep what the holder of ``holding_id`` measured of its use of ``gpu`` in its record
+        (it goes to the ledger with the holding). False if the record is no longer that
+        holding's (it ended, or was closed as stale)."""
+        with self._writing() as (dir_fd, _):
+            holding = self._record(gpu, dir_fd)
+            if holding is None or holding.id != holding_id:
+                return False
+            self._write_record(dataclasses.replace(holding, use=use), dir_fd)
+            return True
 
     def released(self, gpu: str, holding_id: str) -> bool:
         """End the holding ``holding_id`` of ``gpu``: its interval goes to the ledger and its
@@ -253,8 +281,8 @@ class HolderBook:
         return held
 
     def pool(self, gpu_ids: list[str]) -> list[dict[str, Any]]:
-        """Each GPU: free, or held by whom since when. Utilisation is not measured here yet
-        (``utilization: null``)."""
+        """Each GPU: free, or held by whom since when, and what its holder measured of its use
+        (``use``; live figures are the pool view's, :mod:`tunehub_base.gpu_usage`)."""
         held = self.held_locks()
         rows: list[dict[str, Any]] = []
         try:
@@ -273,6 +301,8 @@ class HolderBook:
                         row["holder"] = {**asdict(holding.holder), "what": holding.holder.what,
                                          "groups": list(holding.holder.groups)}
                         row["since"] = holding.since
+                        row["holding"] = holding.id
+                        row["use"] = holding.use
                 rows.append(row)
         finally:
             if dir_fd >= 0:
@@ -303,30 +333,55 @@ class HolderBook:
 
     def usage(self, gpu_ids: list[str], since: float, now: float | None = None) -> dict[str, Any]:
         """Allocated GPU-hours from ``since`` to now per person, hub group (where known), sweep
-        and notebook: the ledger's intervals plus the holdings still open, counted up to now."""
+        and notebook: the ledger's intervals plus the holdings still open, counted up to now.
+        Beside them (``used``, ``used_gpu_hours``), the GPU-hours *used* as their holders
+        measured them (utilisation-weighted): a holding that lies partly in the period counts
+        that part of its use; one that was never measured counts none."""
         now = self.clock() if now is None else now
         spans: list[dict[str, Any]] = list(self.intervals())
         for row in self.pool(gpu_ids):
             if row["holder"] is not None:
                 spans.append({**row["holder"], "gpu": row["gpu"], "start": row["since"],
-                              "end": now, "open": True})
+                              "end": now, "open": True, "use": row.get("use")})
         sums: dict[str, defaultdict[str, float]] = {
             k: defaultdict(float) for k in ("person", "group", "sweep", "notebook")}
-        total = 0.0
+        used: dict[str, defaultdict[str, float]] = {k: defaultdict(float) for k in sums}
+        total = used_total = 0.0
         for span in spans:
-            seconds = max(0.0, min(float(span["end"]), now) - max(float(span["start"]), since))
+            start, end = float(span["start"]), float(span["end"])
+            seconds = max(0.0, min(end, now) - max(start, since))
             if seconds <= 0:
                 continue
             hours = seconds / 3600
+            use = span.get("use")
+            use = use if isinstance(use, dict) else {}
+            used_hours = _number(use.get("used_seconds")) / 3600 * (
+                seconds / (end - start) if end > start else 1.0)
             total += hours
-            person = str(span["person"])
-            sums["person"][person] += hours
-            for group in span.get("groups") or ():
-                sums["group"][str(group)] += hours
-            if span.get("kind") == "trial":
-                sums["sweep"][str(span.get("sweep_id"))] += hours
-            else:
-                server = span.get("server") or ""
-                sums["notebook"][f"{person}/{server}" if server else person] += hours
-        return {"since": since, "until": now, "gpu_hours": total,
-                **{k: dict(sorted(v.items())) for k, v in sums.items()}}
+            used_total += used_hours
+            for key in _usage_keys(span):
+                sums[key[0]][key[1]] += hours
+                used[key[0]][key[1]] += used_hours
+        return {"since": since, "until": now, "gpu_hours": total, "used_gpu_hours": used_total,
+                **{k: dict(sorted(v.items())) for k, v in sums.items()},
+                "used": {k: dict(sorted(v.items())) for k, v in used.items()}}
+
+
+def _usage_keys(span: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """The sums a holding counts in: its person, their groups, its sweep or notebook."""
+    person = str(span["person"])
+    yield "person", person
+    for group in span.get("groups") or ():
+        yield "group", str(group)
+    if span.get("kind") == "trial":
+        yield "sweep", str(span.get("sweep_id"))
+    else:
+        server = span.get("server") or ""
+        yield "notebook", f"{person}/{server}" if server else person
+
+
+def _number(value: Any) -> float:
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        return 0.0

@@ -106,6 +106,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TUNEHUB_WARM_START", "`0`: a cold Python process per trial", "warm"),
     Setting("TUNEHUB_PREEMPT_GRACE_SECONDS", "seconds a local trial preempted for a notebook "
             "gets between SIGTERM and SIGKILL to save a checkpoint", "`30`", value=30),
+    Setting("TUNEHUB_GPU_SAMPLE_SECONDS", "seconds between two NVML readings of the GPUs local "
+            "trial attempts hold (their measured use: utilisation, memory, processes)", "`10`",
+            value="10"),
+    Setting("TUNEHUB_GPU_IDLE_GRACE_SECONDS", "seconds an attempt may hold a GPU without using it "
+            "(no process on it, utilisation under `TUNEHUB_GPU_BUSY_PERCENT`) before it is "
+            "flagged as not using its GPU", "`120`", value="120"),
+    Setting("TUNEHUB_GPU_BUSY_PERCENT", "utilisation (percent) from which a GPU counts as used "
+            "even with no process of the holder's on it", "`5`", value="5"),
     Setting("TUNEHUB_UNIX_USERS", "`tunehub up`: `1` a system user per person (needs root), `0` "
             "everyone shares the hub's Unix account", "`1` as root, else `0`"),
     Setting("TUNEHUB_UNIX_USER_PREFIX", "login of account `NAME` is `<prefix>NAME`",

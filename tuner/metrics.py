@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import CollectorRegistry
 
 from tunehub_base.gpu_holders import KINDS, HolderBook
+from tunehub_base.gpu_usage import sample
 from tunehub_base.gpus import discover_gpus
 
 SWEEPS_SUBMITTED = Counter("tunehub_sweeps_submitted_total", "Sweeps submitted", ["backend"])
@@ -45,7 +46,11 @@ class GpuPoolCollector:
     ``tunehub_gpu_held{gpu, kind}`` (1 held by a notebook / a trial, else 0) and
     ``tunehub_gpu_allocated_seconds_total{person, kind}`` (the ledger's ended holdings plus the
     open ones so far; a holder that died counts again from when the next holder of its GPU
-    closes its record)."""
+    closes its record); what the GPUs do, read from NVML at the scrape:
+    ``tunehub_gpu_utilization_ratio{gpu}`` and ``tunehub_gpu_memory_used_bytes{gpu}`` (a GPU
+    without figures is left out); and ``tunehub_gpu_used_seconds_total{person, kind}``, the
+    GPU-seconds used (utilisation-weighted) as the holders measured them, labelled like the
+    allocated seconds so that used / allocated is one division."""
 
     def __init__(self, lock_dir: Path) -> None:
         self.book = HolderBook(lock_dir)
@@ -56,24 +61,58 @@ class GpuPoolCollector:
         allocated = CounterMetricFamily(
             "tunehub_gpu_allocated_seconds", "GPU-seconds allocated, by person and kind",
             labels=["person", "kind"])
+        used = CounterMetricFamily(
+            "tunehub_gpu_used_seconds", "GPU-seconds used (utilisation-weighted, as measured), "
+            "by person and kind", labels=["person", "kind"])
         seconds: defaultdict[tuple[str, str], float] = defaultdict(float)
+        used_seconds: defaultdict[tuple[str, str], float] = defaultdict(float)
+        ids = discover_gpus()[0]
         try:
             now = time.time()
-            for row in self.book.pool(discover_gpus()[0]):
+            for row in self.book.pool(ids):
                 holder = row.get("holder") or {}
                 for kind in KINDS:
                     held.add_metric([row["gpu"], kind], 1.0 if holder.get("kind") == kind else 0.0)
                 if holder:
-                    seconds[(holder["person"], holder["kind"])] += now - float(row["since"])
+                    who = (holder["person"], holder["kind"])
+                    seconds[who] += now - float(row["since"])
+                    used_seconds[who] += _used(row.get("use"))
             for span in self.book.intervals():
-                seconds[(str(span["person"]), str(span.get("kind")))] += (
-                    float(span["end"]) - float(span["start"]))
+                who = (str(span["person"]), str(span.get("kind")))
+                seconds[who] += float(span["end"]) - float(span["start"])
+                used_seconds[who] += _used(span.get("use"))
         except OSError:
             return  # no pool to read: nothing to say
         for (person, kind), value in sorted(seconds.items()):
             allocated.add_metric([person, kind], max(0.0, value))
+            used.add_metric([person, kind], used_seconds[(person, kind)])
         yield held
         yield allocated
+        yield used
+        yield from _doing(ids)
+
+
+def _used(use: object) -> float:
+    try:
+        return max(0.0, float(use.get("used_seconds") or 0)) if isinstance(use, dict) else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _doing(ids: list[str]) -> Iterator[Metric]:
+    """Each GPU's utilisation and memory in use now, from NVML (never raises)."""
+    ratio = GaugeMetricFamily("tunehub_gpu_utilization_ratio",
+                              "GPU utilisation over NVML's last sample period, 0..1",
+                              labels=["gpu"])
+    memory = GaugeMetricFamily("tunehub_gpu_memory_used_bytes", "GPU memory in use",
+                               labels=["gpu"])
+    for gpu, reading in sorted(sample(ids).items()):
+        if reading.utilization is not None:
+            ratio.add_metric([gpu], reading.utilization)
+        if reading.memory_used_bytes is not None:
+            memory.add_metric([gpu], float(reading.memory_used_bytes))
+    yield ratio
+    yield memory
 
 
 def watch_gpu_pool(lock_dir: Path, registry: CollectorRegistry = REGISTRY) -> GpuPoolCollector:

@@ -87,6 +87,15 @@ def model_version_view(mv: ModelVersion) -> dict[str, Any]:
 
 
 def trials_view(store: SweepStore, sweep_id: int, actor: Actor) -> list[dict[str, Any]]:
-    """A sweep's trials as the API and the CLI show them, each with its reports."""
+    """A sweep's trials as the API and the CLI show them, each with its reports and its
+    measured GPU use on this machine (``gpu_use``: null for a trial that held no GPU here)."""
+    from tuner.pool_view import trials_gpu_use
+
     reports = store.reports(sweep_id, actor)
-    return [trial_view(t, reports.get(t.number, [])) for t in store.trials(sweep_id, actor)]
+    trials = store.trials(sweep_id, actor)  # first: it checks the actor may see the sweep
+    try:
+        gpu_use = trials_gpu_use(store.settings.gpu_locks_dir, sweep_id)
+    except OSError:  # the pool's records unreadable here: the figures are absent
+        gpu_use = {}
+    return [{**trial_view(t, reports.get(t.number, [])), "gpu_use": gpu_use.get(t.number)}
+            for t in trials]

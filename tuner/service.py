@@ -129,18 +129,23 @@ async def serve() -> None:
         backends=backends,
         default_backend=names[0],
     )
+    notebook_gpus = None
     if "local" in backends:
         from tuner.backends.local.backend import LocalBackend
         from tuner.metrics import watch_gpu_pool
+        from tuner.notebook_gpu_watch import NotebookGpuWatch
         from tuner.scheduling.gpu_queue import GpuQueue
 
         watch_gpu_pool(settings.gpu_locks_dir)
+        notebook_gpus = NotebookGpuWatch(settings.gpu_locks_dir)  # notebooks' measured GPU use
         local = backends["local"]
         if isinstance(local, LocalBackend):
             ctx.gpu_queue = GpuQueue(engine, local, settings.gpu_locks_dir)
     app = make_app(engine, prefix, ctx, cookie_secret(settings))
     server = await listen(app, host, port, tls_context())
     await engine.start()
+    if notebook_gpus is not None:
+        notebook_gpus.start()
     adopted = adopt_orphans(engine)
     log.info(
         "tuner service on %s://%s:%s%s (backends: %s; resumed sweeps: %s)",
@@ -153,6 +158,8 @@ async def serve() -> None:
     await stop.wait()
     log.info("stopping: sweeps are left to resume on the next start")
     server.stop()
+    if notebook_gpus is not None:
+        await notebook_gpus.close()
     await engine.close()
     db.dispose()
 

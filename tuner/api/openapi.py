@@ -141,6 +141,8 @@ SCHEMAS: dict[str, Any] = {
         "started_at": _TIME,
         "finished_at": _TIME,
         "duration_seconds": _nullable("number"),
+        # Measured GPU use on this machine (README "Measured GPU use"); null: no GPU held here.
+        "gpu_use": _nullable("object"),
         "intermediate_values": {
             "type": "array",
             "items": _object({"step": {"type": "integer"}, "value": {"type": "number"}}),
@@ -276,14 +278,15 @@ def document(base_path: str) -> dict[str, Any]:
                             ref("PromoteRequest"), errors=("400", "401", "403", "404")),
             },
             "/pool": {
-                "get": _op("This machine's GPUs: free, or who holds each since when; the queue "
-                           "with positions and reasons; each person's share (everyone's)",
+                "get": _op("This machine's GPUs: free, or who holds each since when, and what each "
+                           "does (utilisation, memory); the queue with positions and reasons; each "
+                           "person's share (everyone's)",
                            {"type": "object"}, READ, errors=("401", "403")),
             },
             "/usage": {
                 "parameters": [{"name": "since", "in": "query", "required": True,
                                 "schema": {"type": "string", "example": "2026-11-01"}}],
-                "get": _op("Allocated GPU-hours per person, group, sweep and notebook",
+                "get": _op("Allocated and used GPU-hours per person, group, sweep and notebook",
                            {"type": "object"}, READ, errors=("400", "401", "403")),
             },
             "/trials/{trial_id}/report": {

@@ -1,4 +1,5 @@
-"""``tunehub pool`` and ``tunehub usage``: who holds each GPU, and the GPU-hours allocated."""
+"""``tunehub pool`` and ``tunehub usage``: who holds each GPU and what it does, and the
+GPU-hours allocated and used."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from tuner.pool_view import parse_since, pool_view, usage_view
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    pool = sub.add_parser("pool", help="the GPU pool: each GPU, who holds it, since when")
+    pool = sub.add_parser("pool", help="the GPU pool: each GPU, who holds it, since when, "
+                          "its utilisation and memory")
     pool.add_argument("--json", action="store_true", help="machine-readable output")
     pool.set_defaults(handler=cmd_pool)
 
-    usage = sub.add_parser("usage", help="GPU-hours allocated per person, group, sweep, notebook")
+    usage = sub.add_parser("usage", help="GPU-hours allocated and used per person, group, "
+                           "sweep, notebook")
     usage.add_argument("--since", required=True,
                        help="start of the period: a date (2026-11-01) or ISO date and time (UTC)")
     usage.add_argument("--json", action="store_true", help="machine-readable output")
@@ -53,14 +56,18 @@ def cmd_pool(args: argparse.Namespace) -> int:
         print_json(view)
         return 0
     table = Table(title=f"GPU pool: {view['held']} of {view['total']} held ({view['gpu_source']})")
-    for col in ("gpu", "state", "person", "holder", "since", "utilization"):
+    for col in ("gpu", "state", "person", "holder", "since", "utilization", "memory"):
         table.add_column(col)
+    absent: set[str] = set()
     for row in view["gpus"]:
         holder = row.get("holder") or {}
         table.add_row(str(row["gpu"]), row["state"], holder.get("person") or "-",
                       holder.get("what") or ("-" if row["state"] == "free" else "unknown"),
                       row.get("since_iso") or "-",
-                      "-" if row.get("utilization") is None else f"{row['utilization']:.0%}")
+                      "-" if row.get("utilization") is None else f"{row['utilization']:.0%}",
+                      memory_cell(row.get("memory_used_bytes"), row.get("memory_total_bytes")))
+        if row.get("measure_absent"):
+            absent.add(row["measure_absent"])
     console.print(table)
     if view.get("queue"):  # from the tuner service, which keeps the queue
         waiting = Table(title="Waiting for GPUs")
@@ -70,7 +77,15 @@ def cmd_pool(args: argparse.Namespace) -> int:
             waiting.add_row(str(q["position"]), q["person"], q["what"], str(q["gpus"]),
                             q["reason"])
         console.print(waiting)
+    for reason in sorted(absent):
+        console.print(f"not measured: {reason}", markup=False, highlight=False)
     return 0
+
+
+def memory_cell(used: int | None, total: int | None) -> str:
+    if used is None or not total:
+        return "-"
+    return f"{used / 2**30:.1f} of {total / 2**30:.1f} GiB"
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
@@ -83,15 +98,17 @@ def cmd_usage(args: argparse.Namespace) -> int:
     if args.json:
         print_json(view)
         return 0
-    console.print(f"GPU-hours allocated from {view['since_iso']} to {view['until_iso']}: "
-                  f"{view['gpu_hours']:.2f}")
+    console.print(f"GPU-hours from {view['since_iso']} to {view['until_iso']}: "
+                  f"{view['gpu_hours']:.2f} allocated, {view['used_gpu_hours']:.2f} used")
     for key in ("person", "group", "sweep", "notebook"):
         if not view[key]:
             continue
         table = Table(title=f"by {key}")
         table.add_column(key)
-        table.add_column("GPU-hours", justify="right")
+        table.add_column("GPU-hours allocated", justify="right")
+        table.add_column("GPU-hours used", justify="right")
+        used = view["used"][key]
         for name, hours in sorted(view[key].items(), key=lambda kv: -kv[1]):
-            table.add_row(name, f"{hours:.2f}")
+            table.add_row(name, f"{hours:.2f}", f"{used.get(name, 0.0):.2f}")
         console.print(table)
     return 0

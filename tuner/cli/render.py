@@ -51,16 +51,47 @@ def leaderboard(sweep: dict[str, Any], trials: list[dict[str, Any]], top: int = 
     scored.sort(key=lambda t: (t["state"] != TrialState.COMPLETED,
                                -t["value"] if maximize else t["value"]))
     params = list((sweep.get("spec") or {}).get("space", {}))
+    gpus = any(t.get("gpu_use") for t in trials)
     table = Table(title=f"Leaderboard: sweep {sweep['id']} ({sweep['name']}), {sweep['metric']}")
-    for col in ("trial", "state", sweep["metric"] or "value", *params, "steps", "seconds"):
+    for col in ("trial", "state", sweep["metric"] or "value", *params, "steps", "seconds",
+                *(("GPU use",) if gpus else ())):
         table.add_column(col)
     for t in scored[:top]:
         table.add_row(
             str(t["number"]), t["state"], _fmt(t["value"]),
             *(_fmt(t["params"].get(p)) for p in params),
             _fmt(t["last_step"]), _fmt(t["duration_seconds"]),
+            *((gpu_use_cell(t.get("gpu_use")),) if gpus else ()),
         )
     return table
+
+
+def gpu_use_cell(use: dict[str, Any] | None) -> str:
+    """A trial's measured GPU use in a word or two: ``unused``, ``63% used`` (GPU-seconds used
+    of those measured), or ``-`` when it held no GPU or none was measured."""
+    if not use:
+        return "-"
+    if use.get("unused"):
+        return "unused"
+    measured = float(use.get("measured_seconds") or 0)
+    if measured <= 0:
+        return "-"
+    return f"{float(use.get('used_seconds') or 0) / measured:.0%} used"
+
+
+def gpu_unused_lines(trials: list[dict[str, Any]]) -> list[str]:
+    """One line per trial whose latest attempt holds or held a GPU it does not use: a trial
+    that asked for a GPU and runs on the CPU (what ``gpu_use.unused`` says in ``--json``)."""
+    lines = []
+    for t in trials:
+        use = t.get("gpu_use") or {}
+        if use.get("unused"):
+            verb = "holds" if use.get("running") else "held"
+            lines.append(
+                f"trial {t['number']} {verb} GPU {', '.join(use['unused_gpus'])} and did not "
+                f"use it (attempt {use['attempt']}: no process on it, utilisation under the "
+                "threshold); does its code run on the CPU?")
+    return lines
 
 
 def summary_line(sweep: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from tuner.cli.errors import EXIT_FAILED, CliError
 from tuner.cli.ops import LocalOps, RemoteOps, ops
 from tuner.cli.render import (
     console,
+    gpu_unused_lines,
     leaderboard,
     print_json,
     progress_until,
@@ -184,6 +185,8 @@ def _final(where: LocalOps | RemoteOps, sweep_id: int, as_json: bool, quiet: boo
             if not TrialState(t["state"]).is_finished() and t["reason"]:
                 console.print(f"trial {t['number']} {t['state']}: {t['reason']}",
                               soft_wrap=True, markup=False, highlight=False)
+        for line in gpu_unused_lines(trials):
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
     return str(view["state"])
 
 

@@ -166,11 +166,29 @@ function renderDetail(sweep, trials, versions) {
       el("td", { class: "params" }, fmtParams(t.params)),
       el("td", { class: "num" }, t.attempts),
       el("td", { class: "num" }, fmtDuration(t.duration_seconds)),
+      gpuUseCell(t.gpu_use),
       el("td", { class: "muted" }, t.reason || (isBest ? "best" : "")),
     ));
   }
   drawHistory(sweep, trials);
   drawCurves(sweep, trials);
+}
+
+// A trial's measured GPU use: "unused" (flagged: it asked for a GPU and runs on the CPU),
+// the share of its measured GPU time it used, or "–" without a GPU or figures.
+function gpuUseCell(use) {
+  if (!use) return el("td", { class: "muted" }, "–");
+  if (use.unused) {
+    return el("td", { class: "gpu-unused", title:
+      `GPU ${use.unused_gpus.join(", ")}: no process on it, utilisation under the threshold` },
+      badge("unused"));
+  }
+  if (!use.measured_seconds) return el("td", { class: "muted", title: use.absent || "" }, "–");
+  return el("td", { class: "num" }, `${Math.round((100 * use.used_seconds) / use.measured_seconds)} % used`);
+}
+
+function fmtBytes(n) {
+  return n === null || n === undefined ? "–" : `${(n / 2 ** 30).toFixed(1)} GiB`;
 }
 
 const PLOT_LAYOUT = {
@@ -272,14 +290,17 @@ async function loadPool() {
       el("td", {}, h ? h.person : "–"),
       el("td", {}, h ? h.what : (g.state === "held" ? "unknown" : "–")),
       el("td", {}, g.since_iso ? `${fmtTime(g.since_iso)} (${fmtDuration(g.held_seconds)})` : "–"),
-      el("td", {}, g.utilization === null || g.utilization === undefined
-        ? "–" : `${Math.round(g.utilization * 100)} %`));
+      el("td", { title: g.measure_absent || "" }, g.utilization === null || g.utilization === undefined
+        ? "–" : `${Math.round(g.utilization * 100)} %`),
+      el("td", {}, g.memory_used_bytes === null || g.memory_used_bytes === undefined ? "–"
+        : `${fmtBytes(g.memory_used_bytes)} of ${fmtBytes(g.memory_total_bytes)}`));
   }));
   const rows = [];
   for (const by of ["person", "group", "sweep", "notebook"]) {
     for (const [name, hours] of Object.entries(usage[by] || {})) {
+      const used = (usage.used && usage.used[by] && usage.used[by][name]) || 0;
       rows.push(el("tr", {}, el("td", {}, by), el("td", {}, name),
-        el("td", {}, hours.toFixed(2))));
+        el("td", {}, hours.toFixed(2)), el("td", {}, used.toFixed(2))));
     }
   }
   $("pool-usage").querySelector("tbody").replaceChildren(...rows);

@@ -44,6 +44,7 @@ from tuner.backends._base import (
 )
 from tuner.backends.local import island, ownership
 from tuner.backends.local.cgroups import AttemptGroup, Hierarchy, bounds_for, open_hierarchy
+from tuner.backends.local.gpu_watch import GpuWatch
 from tuner.backends.local.island import Island, Islands
 from tuner.backends.local.log_pipes import AttemptLog
 from tuner.backends.local.multiworker import (
@@ -114,6 +115,7 @@ class LocalBackend(Backend):
         else:
             self.gpu_source = f"{len(gpu_ids)} configured"
         self.gpus = GpuPool(gpu_lock_dir, gpu_ids)
+        self.gpu_watch = GpuWatch(self.gpus)  # measured use of the attempts' GPUs
         if warm is None:
             warm = os.environ.get("TUNEHUB_WARM_START", "1") not in ("0", "false", "no")
         self.warm = warm
@@ -298,6 +300,7 @@ class LocalBackend(Backend):
         write_pid(launch.workdir / f"attempt-{launch.attempt}.pid", [pid for pid, _ in procs])
         attempt = Attempt(launch, procs, gpus, output, owner, group, isle)
         self._attempts[launch.key] = attempt
+        self.gpu_watch.start(launch.key, gpus, attempt.log.write)
         await self.emit(
             TrialEvent(launch.trial_id, launch.attempt, EventKind.STARTED, reason=start))
         task = asyncio.get_running_loop().create_task(self._wait(attempt))
@@ -427,6 +430,7 @@ class LocalBackend(Backend):
                 attempt.stop_reason = attempt.stop_reason or f"artifacts not sealed: {exc}"
         if attempt.group is not None:
             reason = await self._end_group(attempt, code, reason)
+        self.gpu_watch.end(launch.key)
         self.gpus.release(attempt.gpus)
         self._attempts.pop(launch.key, None)
         if attempt.island is not None:
@@ -559,6 +563,7 @@ class LocalBackend(Backend):
             await self._kill(attempt)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.gpu_watch.close()
         for zygote in self._zygotes.values():
             await zygote.close()
         self._zygotes.clear()
