@@ -221,14 +221,14 @@ def test_a_trial_that_never_uses_its_gpu_is_flagged(gpu_home: Home, tmp_path: Pa
     sweep = _start(home, tmp_path, "cpu-bound")
     flagged = _use_when(home, sweep, lambda use: use["unused"],
                         "the idle trial to be flagged while it runs")
-    assert flagged["running"] and flagged["gpus"] == ["0"] and flagged["unused_gpus"] == ["0"]
+    assert flagged["holding"] and flagged["gpus"] == ["0"] and flagged["unused_gpus"] == ["0"]
     assert flagged["used_seconds"] == 0 and flagged["measured_seconds"] >= 1.5
     log = home.cli("sweep", "logs", str(sweep), "0", check=True).stdout
     assert "tunehub: GPU 0 of this attempt is not used: no process on it" in log
 
     done = _finish(home, record, sweep)
     use = done["trials_detail"][0]["gpu_use"]
-    assert use["unused"] and not use["running"] and use["attempt"] == 1
+    assert use["unused"] and not use["holding"] and use["attempt"] == 1
     assert use["allocated_seconds"] >= use["measured_seconds"] >= 1.5
     assert use["used_seconds"] == 0 and use["peak_memory_bytes"] == 0
     log = home.cli("sweep", "logs", str(sweep), "0", check=True).stdout
@@ -266,7 +266,7 @@ def test_a_trial_busy_on_its_gpu_is_counted_and_not_flagged(
 
     done = _finish(home, record, sweep)
     use = done["trials_detail"][0]["gpu_use"]
-    assert not use["unused"] and use["used_seconds"] > 0 and not use["running"]
+    assert not use["unused"] and use["used_seconds"] > 0 and not use["holding"]
     # Utilisation-weighted: 90 % of the time it was measured with figures.
     assert use["used_seconds"] == pytest.approx(0.9 * use["measured_seconds"], rel=1e-6)
     log = home.cli("sweep", "logs", str(sweep), "0", check=True).stdout

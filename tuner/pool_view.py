@@ -116,7 +116,7 @@ def _trial_use(spans: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "attempt": latest,
         "gpus": sorted(str(s["gpu"]) for s in last),
-        "running": any(s.get("open") for s in last),
+        "holding": any(s.get("open") for s in last),
         "allocated_seconds": sum(max(0.0, float(s["end"]) - float(s["start"])) for s in spans),
         "measured_seconds": sum(float(u.get("measured_seconds") or 0) for u in uses),
         "used_seconds": sum(float(u.get("used_seconds") or 0) for u in uses),

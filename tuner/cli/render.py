@@ -86,7 +86,7 @@ def gpu_unused_lines(trials: list[dict[str, Any]]) -> list[str]:
     for t in trials:
         use = t.get("gpu_use") or {}
         if use.get("unused"):
-            verb = "holds" if use.get("running") else "held"
+            verb = "holds" if use.get("holding") else "held"
             lines.append(
                 f"trial {t['number']} {verb} GPU {', '.join(use['unused_gpus'])} and did not "
                 f"use it (attempt {use['attempt']}: no process on it, utilisation under the "
