@@ -80,10 +80,12 @@ def make_pruner(spec: SweepSpec) -> BasePruner:
         inner = optuna.pruners.SuccessiveHalvingPruner(**opts)
     else:
         return optuna.pruners.NopPruner()
-    min_trials = spec.pruner.options.get("min_trials") or default_min_trials(kind, opts)
+    chosen = spec.pruner.options.get("min_trials")
+    min_trials = chosen or default_min_trials(kind, opts)
     max_resource = opts.get("max_resource")
     last_step = int(max_resource) if isinstance(max_resource, int | float) else None
-    return EnoughTrialsPruner(inner, int(min_trials), last_step)
+    auto = opts if not chosen and kind == "hyperband" and max_resource in (None, "auto") else None
+    return EnoughTrialsPruner(inner, int(min_trials), last_step, auto)
 
 
 #: Our finished trial states that Optuna has a state of its own for; any other is FAIL to it
