@@ -353,7 +353,7 @@ class Ledger:
                     select(Trial.state, func.count())
                     .where(Trial.sweep_id == sweep_id)
                     .group_by(Trial.state)
-                ).tuples().all()
+                ).all()
             )
             sweep = _sweep(s, sweep_id)
             for state in COUNTED:
