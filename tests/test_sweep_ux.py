@@ -75,7 +75,7 @@ def test_cold_start_is_visible_with_its_reason(sqlite_home: Home, tmp_path: Path
                                      check=True).stdout)
     assert out["cold_start"].startswith("cold start (the command 'python -u train.py'")
     shown = sqlite_home.cli("sweep", "show", str(out["id"]), check=True).stdout
-    assert "note: trials start cold: cold start (the command 'python -u train.py'" in shown
+    assert "note: cold start (the command 'python -u train.py'" in shown
     log = sqlite_home.cli("sweep", "logs", str(out["id"]), "0", check=True).stdout
     assert "=== tunehub: cold start (the command" in log
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,16 @@ Ignore = Callable[[str, list[str]], set[str]]  # what shutil.copytree leaves out
 
 # How a started event's reason begins when the trial paid its imports itself.
 COLD = "cold start"
+# How the sweep's note begins when warm trials still imported packages after their start.
+NOT_WARM = "not fully warm"
+
+
+def not_fully_warm(modules: Iterable[str]) -> str:
+    """The sweep's note (``cold_start`` in its view) when warm-started trials imported
+    ``modules`` themselves: each trial paid for them, and the spec's ``preload`` can fix it."""
+    names = ", ".join(modules)
+    return (f"{NOT_WARM}: trials imported {names} themselves after their warm start; list "
+            "them in the spec's preload: to have them preloaded")
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,9 @@ class TrialEvent:
     kind: EventKind
     exit_code: int | None = None
     reason: str = ""
+    # An outcome of a warm-started attempt: the packages it imported itself after its start,
+    # most costly first (empty: fully warm); None where nobody measured (cold, or killed).
+    imported_after_start: tuple[str, ...] | None = None
 
     @property
     def final(self) -> bool:

@@ -180,7 +180,7 @@ def _final(where: LocalOps | RemoteOps, sweep_id: int, as_json: bool, quiet: boo
         console.print(leaderboard(view, trials))
         console.print(summary_line(view), markup=False, highlight=False)
         if view.get("cold_start"):
-            console.print(f"note: trials start cold: {view['cold_start']}", markup=False)
+            console.print(f"note: {view['cold_start']}", markup=False)
         for t in trials:  # unfinished trials that say why (e.g. waiting for the cluster)
             if not TrialState(t["state"]).is_finished() and t["reason"]:
                 console.print(f"trial {t['number']} {t['state']}: {t['reason']}",

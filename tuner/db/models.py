@@ -85,7 +85,8 @@ class SweepRow(Base):
     best_trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
     best_value: Mapped[float | None] = mapped_column(Float, nullable=True)
     model_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # Why its trials start cold (seconds of imports each), or None when they start warm.
+    # Why its trials start cold (seconds of imports each), or that warm-started ones still
+    # imported packages themselves (naming them); None when they start fully warm.
     cold_start: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Counters kept by the controller so listing a 10,000-trial sweep needs no scan.
     n_started: Mapped[int] = mapped_column(Integer, default=0)

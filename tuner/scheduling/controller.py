@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from tunehub_base.settings import Settings
 from tuner import metrics
-from tuner.backends._base import COLD, Backend, TrialEvent, TrialLaunch
+from tuner.backends._base import (
+    COLD,
+    NOT_WARM,
+    Backend,
+    TrialEvent,
+    TrialLaunch,
+    not_fully_warm,
+)
 from tuner.db import Database
 from tuner.errors import Conflict, Unauthorized
 from tuner.lifecycle.ledger import Counts, Ledger
@@ -65,6 +72,7 @@ __all__ = ["ControllerHost", "ControllerObserver", "SweepController"]
 log = logging.getLogger("tunehub.controller")
 
 WAKE_SECONDS = 1.0  # re-check free resources / cancellation when no event arrives
+MAX_NOTED_IMPORTS = 20  # packages named in a sweep's "not fully warm" note
 
 
 class ControllerObserver:
@@ -147,6 +155,8 @@ class SweepController:
         sweep = self.ledger.sweep(sweep_id)
         self.owner = sweep.owner
         self.cold_start = sweep.cold_start
+        # What warm trials imported themselves after their start, in the order first seen.
+        self.late_imports: dict[str, None] = {}
         self.name = sweep.name
         self.code_dir = Path(sweep.code_dir) if sweep.code_dir else None
         self.spec = SweepSpec.from_dict(sweep.spec)
@@ -436,6 +446,7 @@ class SweepController:
             self._waiting(rt, event)
             return
         self.running.pop(event.trial_id)
+        self._note_warmth(event)
         await self._start_ready()
         if event.kind == EventKind.PREEMPTED and not rt.pruned and not self.cancel_requested:
             # Back to the queue, first in this sweep's line: same number and parameters, its
@@ -470,11 +481,27 @@ class SweepController:
 
     def _note_start(self, how: str) -> None:
         """A cold start is shown on the sweep (``sweep show``, the API) with its reason,
-        once: it makes every trial seconds slower, and nothing else would say so."""
+        once: it makes every trial seconds slower, and nothing else would say so. A warm
+        start does not clear a note that trials were not fully warm (:meth:`_note_warmth`):
+        the next one pays the same imports."""
         cold = how if how.startswith(COLD) else None
+        if cold is None and (self.cold_start or "").startswith(NOT_WARM):
+            return
         if cold != self.cold_start:
             self.cold_start = cold
             self.ledger.note_cold_start(self.sweep_id, cold)
+
+    def _note_warmth(self, event: TrialEvent) -> None:
+        """A warm-started trial that imported packages itself after its start makes the
+        sweep's note say so, naming them (all named so far); a cold start's note stays."""
+        late = event.imported_after_start
+        if not late or (self.cold_start or "").startswith(COLD):
+            return
+        self.late_imports.update(dict.fromkeys(late))
+        note = not_fully_warm(list(self.late_imports)[:MAX_NOTED_IMPORTS])
+        if note != self.cold_start:
+            self.cold_start = note
+            self.ledger.note_cold_start(self.sweep_id, note)
 
     def _check_failures(self, rt: Running, reason: str) -> None:
         """Keep the last failure's cause for the user, and stop the sweep once

@@ -245,7 +245,7 @@ class Sweep:
         self._show_leaderboard()
         d = self._data
         if d.get("cold_start"):
-            print(f"note: trials start cold: {d['cold_start']}")
+            print(f"note: {d['cold_start']}")
         if d["state"] in (SweepState.FAILED, SweepState.CANCELLED) and d.get("reason"):
             # Why, in front of the user: for a failed sweep the failing trial's last lines.
             print(f"sweep {self.id} {d['state']}: {d['reason']}")

@@ -147,7 +147,7 @@ function renderDetail(sweep, trials, versions) {
   if (sweep.reason) reason.append(sweep.reason);
   if (sweep.cold_start) {
     reason.hidden = false;
-    reason.append(el("div", { class: "muted" }, `Trials start cold: ${sweep.cold_start}`));
+    reason.append(el("div", { class: "muted" }, `Note: ${sweep.cold_start}`));
   }
   for (const v of versions) {
     reason.hidden = false;

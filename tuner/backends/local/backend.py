@@ -63,7 +63,7 @@ from tuner.backends.local.processes import (
     write_pid,
 )
 from tuner.backends.local.warm import ALWAYS, warm_argv
-from tuner.backends.local.zygote import Zygote
+from tuner.backends.local.zygote import Zygote, close_idle, imported_after_fork
 from tuner.lifecycle.states import CANCELLED_REASON, PREEMPTED_REASON, EventKind
 from tuner.scheduling.workdirs import HEADER
 from tuner.sdk.training import (
@@ -399,6 +399,7 @@ class LocalBackend(Backend):
         # One warm process per owner: it runs as them, so what it forks (and whatever earlier
         # requests left in its memory) is theirs alone.
         zkey = (preload, owner.login if owner is not None else "")
+        await close_idle(self._zygotes)
         # One start at a time per key: two sweeps of a person launching at once each started
         # a zygote, and the one replaced in the table, unreferenced, was collected and killed
         # with its trials (their parent-death signal).
@@ -436,6 +437,7 @@ class LocalBackend(Backend):
         if attempt.island is not None:
             await attempt.island.close()
         await attempt.log.finish()  # the whole output is in the log before anyone is told
+        late = imported_after_fork(f for _, f in attempt.procs)
         if launch.key in self._preempted:
             self._preempted.discard(launch.key)
             how = (f"killed after its {self.preempt_grace:g}s grace period"
@@ -443,11 +445,12 @@ class LocalBackend(Backend):
             await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.PREEMPTED,
                                        code, f"{PREEMPTED_REASON} (its attempt {how})"))
         elif code == 0 and reason is None and attempt.stop_reason is None:
-            await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.SUCCEEDED, 0))
+            await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.SUCCEEDED, 0,
+                                       imported_after_start=late))
         else:
             reason = attempt.stop_reason or reason or describe_exit(code)
-            await self.emit(
-                TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED, code, reason))
+            await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED, code,
+                                       reason, imported_after_start=late))
 
     async def _end_group(self, attempt: Attempt, code: int, reason: str | None) -> str | None:
         """Kill whatever is left in the attempt's cgroup (what it started and left behind:

@@ -1,9 +1,10 @@
 """What a trial's code imports, read from the code snapshot without running it.
 
-Warm starts preload heavy libraries (TensorFlow, Keras) in a process that trials fork from. A
-trial that imports TensorFlow through a helper module (``from model import build``) must still
-start warm, so the decision follows the import graph of the snapshot: from the entry script
-through every module of the snapshot it imports, collecting the third-party packages reached.
+Warm starts preload the installed packages a trial imports (TensorFlow, scikit-learn, NumPy, …)
+in a process that trials fork from. A trial that imports one through a helper module
+(``from model import build``) must still start warm, so the decision follows the import graph of
+the snapshot: from the entry script through every module of the snapshot it imports, collecting
+the modules outside it (:mod:`tuner.backends.local.installed` keeps the installed ones).
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ def _imports_of(path: Path, root: Path, owner_uid: int | None) -> list[str]:
     return names
 
 
-def external_imports(entry: Path, root: Path, owner_uid: int | None = None) -> set[str]:
-    """Top-level names of the packages outside the snapshot that ``entry`` reaches, reading
-    only files owned by ``owner_uid``, the snapshot's owner (default: this process's user)."""
+def external_modules(entry: Path, root: Path, owner_uid: int | None = None) -> set[str]:
+    """Dotted names of the modules outside the snapshot that ``entry`` reaches (``sklearn``,
+    ``sklearn.ensemble``, and names that may turn out not to be modules:
+    ``sklearn.ensemble.RandomForestClassifier``), reading only files owned by ``owner_uid``, the
+    snapshot's owner (default: this process's user)."""
     found: set[str] = set()
     seen: set[Path] = set()
     todo = [entry]
@@ -88,8 +91,14 @@ def external_imports(entry: Path, root: Path, owner_uid: int | None = None) -> s
                 if "." in dotted and (init := local_module(root, parent)) is not None:
                     todo.append(init)
             elif local_module(root, dotted.split(".")[0]) is None:
-                found.add(dotted.split(".")[0])
+                found.add(dotted)
     return found
+
+
+def external_imports(entry: Path, root: Path, owner_uid: int | None = None) -> set[str]:
+    """Top-level names of the packages outside the snapshot that ``entry`` reaches
+    (:func:`external_modules`)."""
+    return {name.split(".")[0] for name in external_modules(entry, root, owner_uid)}
 
 
 def entry_file(workdir: Path, argv: list[str]) -> Path | None:

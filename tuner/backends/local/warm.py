@@ -7,12 +7,16 @@ import os
 import sys
 from pathlib import Path
 
-from tuner.backends.local.imports import entry_file, external_imports, local_module
+from tuner.backends.local.imports import entry_file, external_modules, local_module
+from tuner.backends.local.installed import preloadable
 from tuner.backends.local.pickled_imports import MACHINERY, pickled_imports
 from tuner.sdk import run_function
 
 HEAVY_MODULES = ("tensorflow", "keras")
 ALWAYS = ("tuner",)
+# What :mod:`tuner.sdk.run_function` imports to load a function sweep's pickle, in every trial.
+FUNCTION_RUNNER = ("cloudpickle",)
+MAX_PRELOAD = 64  # modules a warm process preloads at most (the zygote's argv, its key)
 
 
 def warm_argv(argv: list[str], python: str) -> list[str] | None:
@@ -36,9 +40,11 @@ def preload_for(
     owner_uid: int | None = None,
 ) -> tuple[str, ...]:
     """Modules worth importing ahead. ``requested`` is the spec's ``preload``: an explicit
-    list, ``none``, or ``auto``: TensorFlow/Keras when the trial's code reaches them through
-    its import graph (helper modules included), so sweeps that never touch TensorFlow don't
-    pay for it and those that do never start cold by accident. A function sweep's trials run
+    list, ``none``, or ``auto``: the modules of installed packages the trial's code reaches
+    through its import graph (helper modules included; ``sklearn.ensemble``, not only
+    ``sklearn``, whose ``__init__`` alone imports little), so a trial forked from the warm
+    process imports none of them again; what it still imports is measured at its end
+    (:mod:`tuner.backends.local.zygote_process`). A function sweep's trials run
     :mod:`tuner.sdk.run_function`: its modules come from the pickled function
     (:func:`function_preload`). Only files of the snapshot's owner ``owner_uid`` are read
     (default: this process's user; :mod:`tuner.backends.local.owned_files` says why)."""
@@ -47,27 +53,30 @@ def preload_for(
     if not isinstance(requested, str):
         return (*ALWAYS, *requested)
     if len(argv) == 3 and argv[:2] == ["-m", run_function.__name__]:
-        return (*ALWAYS, *function_preload(workdir, workdir / argv[2], owner_uid))
+        return (*ALWAYS, *FUNCTION_RUNNER, *function_preload(workdir, workdir / argv[2],
+                                                            owner_uid))
     entry = entry_file(workdir, argv)
-    reached = external_imports(entry, workdir, owner_uid) if entry is not None else set()
-    heavy = tuple(m for m in HEAVY_MODULES if m in reached)
-    extra = tuple(m for m in ("numpy", "sklearn") if heavy and m in reached)
-    return (*ALWAYS, *heavy, *extra)
+    reached = external_modules(entry, workdir, owner_uid) if entry is not None else set()
+    return (*ALWAYS, *_heavy_first(preloadable(reached)))
+
+
+def _heavy_first(modules: list[str]) -> tuple[str, ...]:
+    """TensorFlow and Keras first (a later import finds what they bring in), the rest sorted:
+    the same modules always make the same list, so trials share one warm process."""
+    heavy = [m for m in modules if m.split(".")[0] in HEAVY_MODULES]
+    heavy.sort(key=lambda m: (HEAVY_MODULES.index(m.split(".")[0]), m))
+    return (*heavy, *sorted(set(modules) - set(heavy))[:MAX_PRELOAD - len(heavy)])
 
 
 def function_preload(
     workdir: Path, pickled: Path, owner_uid: int | None = None
 ) -> tuple[str, ...]:
     """The installed packages a pickled function imports
-    (:mod:`tuner.backends.local.pickled_imports`),
-    TensorFlow/Keras first. All of them, not only the heavy ones as for a script: loading the
-    pickle imports them in every trial anyway (a script's import graph also holds imports its
-    run may never reach), so importing them once ahead only saves time. The standard library
-    (cheap, and mostly imported already) and the snapshot's own modules are left out."""
+    (:mod:`tuner.backends.local.pickled_imports`), TensorFlow/Keras first. The standard library
+    (cheap, and mostly imported already), the snapshot's own modules and what is not installed
+    (:mod:`tuner.backends.local.installed`) are left out."""
     found = {
         m for m in pickled_imports(pickled, owner_uid)
-        if m not in sys.stdlib_module_names and m not in MACHINERY and m not in ALWAYS
-        and local_module(workdir, m) is None
+        if m not in MACHINERY and local_module(workdir, m) is None
     }
-    heavy = [m for m in HEAVY_MODULES if m in found]
-    return (*heavy, *sorted(found - set(heavy)))
+    return _heavy_first(preloadable(found))

@@ -7,9 +7,11 @@ import asyncio
 import json
 import logging
 import os
+import re
 import socket
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,52 @@ from tunehub_base import unix_users
 from tuner.backends._base import inherited_environment
 
 log = logging.getLogger("tunehub.local.zygote")
+
+
+#: How a module name the zygote reports must look (it runs as the person: its words are
+#: checked, not believed) and how many are kept.
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+MAX_IMPORTED = 20
+
+
+class WarmExit(int):
+    """A warm trial's exit code (negative for a signal, as asyncio's), and what it imported
+    after its fork: the installed packages (top-level names) it loaded modules of itself,
+    by count of modules; None when it could not say (killed, or it ended its own process)."""
+
+    imported: dict[str, int] | None
+
+    def __new__(cls, code: int, imported: object = None) -> WarmExit:
+        self = super().__new__(cls, code)
+        self.imported = _imported(imported)
+        return self
+
+
+def _imported(reported: object) -> dict[str, int] | None:
+    if not isinstance(reported, dict):
+        return None
+    return {name: count for name, count in list(reported.items())[:MAX_IMPORTED]
+            if isinstance(name, str) and _MODULE_NAME.fullmatch(name)
+            and isinstance(count, int) and not isinstance(count, bool) and count > 0}
+
+
+def imported_after_fork(exits: Iterable[asyncio.Future[int]]) -> tuple[str, ...] | None:
+    """What the processes of one attempt (their exit futures) imported after their fork
+    (:class:`WarmExit`), most modules first: empty when they were fully warm, None when none
+    could say (a cold start, or all were killed)."""
+    counts: dict[str, int] = {}
+    known = False
+    for fut in exits:
+        if not fut.done() or fut.cancelled() or fut.exception() is not None:
+            continue
+        code = fut.result()
+        if isinstance(code, WarmExit) and code.imported is not None:
+            known = True
+            for name, n in code.imported.items():
+                counts[name] = counts.get(name, 0) + n
+    if not known:
+        return None
+    return tuple(sorted(counts, key=lambda name: (-counts[name], name)))
 
 
 class Zygote:
@@ -34,10 +82,16 @@ class Zygote:
         self._reader_task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
         self._fd_channel: socket.socket | None = None  # carries each trial's output pipe
+        self._last_used = time.monotonic()
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def idle_for(self) -> float | None:
+        """Seconds since its last trial ended or was forked; None while a trial runs."""
+        return None if self._exited else time.monotonic() - self._last_used
 
     async def start(self) -> None:
         ours, theirs = socket.socketpair()
@@ -75,12 +129,14 @@ class Zygote:
                 elif op == "spawned":
                     self._resolve(self._spawned.pop(key, None), msg["pid"])
                 elif op == "exited":
-                    self._resolve(self._exited.pop(key, None), msg["code"])
+                    self._last_used = time.monotonic()
+                    self._resolve(self._exited.pop(key, None),
+                                  WarmExit(msg["code"], msg.get("imported")))
                 elif op == "error":
                     fut = self._spawned.pop(key, None)
                     if fut is not None and not fut.done():
                         fut.set_exception(OSError(msg.get("error", "fork failed")))
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             log.exception("reading the warm-start process's messages failed; it is dropped")
             if self.proc is not None and self.proc.returncode is None:
                 self.proc.kill()
@@ -135,6 +191,7 @@ class Zygote:
         spawned: asyncio.Future[int] = loop.create_future()
         exited: asyncio.Future[int] = loop.create_future()
         self._spawned[key], self._exited[key] = spawned, exited
+        self._last_used = time.monotonic()
         # The descriptor first, then its request, with no await between: the zygote takes
         # one descriptor per spawn request, in order. A tiny message; the channel never fills.
         socket.send_fds(self._fd_channel, [b"\0"], [output])
@@ -165,3 +222,18 @@ class Zygote:
             await self.proc.wait()
         if self._reader_task is not None:
             await asyncio.gather(self._reader_task, return_exceptions=True)
+
+
+#: A warm process with no trial for this long is ended (the next trial of its set starts a new
+#: one): every set of preloaded modules a person's sweeps ever used would otherwise keep a
+#: process, TensorFlow's hundreds of MiB each, for as long as the tuner runs.
+IDLE_SECONDS = 600.0
+
+
+async def close_idle(zygotes: dict[Any, Zygote], seconds: float = IDLE_SECONDS) -> None:
+    """End the zygotes of ``zygotes`` idle for ``seconds`` or more (or dead), and forget them."""
+    for key, zygote in list(zygotes.items()):
+        idle = zygote.idle_for
+        if not zygote.alive or (idle is not None and idle >= seconds):
+            del zygotes[key]  # before the await: nobody is handed it meanwhile
+            await zygote.close()

@@ -14,6 +14,14 @@ A spawned child waits, before anything else, until ``{"op": "go", "id"}`` comes 
 the backend (root) places it in its attempt's cgroup (:mod:`tuner.backends.local.cgroups`), so
 not one line of the trial's code runs outside it; ``{"op": "abort", "id"}`` makes it exit.
 
+Only installed packages are preloaded, with ``sys.path`` cut to the standard library's and the
+installed packages' directories meanwhile (:mod:`tuner.backends.local.installed`): nothing of the
+person's runs here, outside their trials' cgroups. What a trial imports after its fork anyway (a
+module named at run time, one the import graph could not see) is measured: the modules it
+loaded beyond those it was forked with, at its exit. The installed packages among them are
+named in its log and sent back with its exit (``"imported": {"sklearn": 412}`` in ``exited``),
+so the sweep says it was not fully warm and why.
+
 Run as ``python -m tuner.backends.local.zygote_process FD FD_CHANNEL MODULE[,MODULE...]``.
 """
 
@@ -35,14 +43,51 @@ import sys
 import traceback
 from typing import Any
 
+from tuner.backends.local import installed
 from tuner.backends.local.netns import enter_as_owner
 from tuner.backends.local.parent_death import die_with_parent as _die_with_parent
+from tuner.scheduling.workdirs import HEADER
+
+#: Imported by the trial SDK itself (:mod:`tuner.sdk.training`: reports from a network island
+#: go over a Unix socket with httpx): preloaded for every trial, so the platform's own imports
+#: never make a trial not fully warm.
+PLATFORM_PRELOAD = ("httpx",)
 
 
-def _run_child(request: dict[str, Any], sock: socket.socket, gate: int) -> None:
-    """In the forked child: wait at ``gate`` for the backend's go, then become the trial.
-    Never returns."""
+#: A trial's report of what it imported after its fork names at most this many packages: it
+#: is written in one piece to a pipe (atomic, and never blocking, under ``PIPE_BUF``).
+MAX_REPORTED = 20
+
+
+def _report_imports(baseline: set[str] | None, report: int) -> None:
+    """At a trial's exit: the installed packages it imported itself, on its stderr (its log)
+    and to the zygote through ``report``."""
+    if baseline is None:
+        return
+    try:
+        late = installed.imported_after(baseline, dict(sys.modules))
+    except Exception:  # e.g. its threads still importing: say nothing rather than fail its exit
+        return
+    top = dict(sorted(late.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_REPORTED])
+    try:
+        if top:
+            names = ", ".join(f"{name} ({count} modules)" for name, count in top.items())
+            print(f"{HEADER} not fully warm: this trial imported {names} after its warm start "
+                  "(the import graph of its code did not name them, or they are not installed "
+                  "packages; the spec's preload: can name them) ===", file=sys.stderr)
+    except (OSError, ValueError, AttributeError):  # the trial closed or replaced its stderr
+        pass
+    try:
+        os.write(report, json.dumps(top).encode()[:4000])
+    except OSError:
+        pass
+
+
+def _run_child(request: dict[str, Any], sock: socket.socket, gate: int, report: int) -> None:
+    """In the forked child: wait at ``gate`` for the backend's go, then become the trial;
+    at its end, say what it imported itself on ``report``. Never returns."""
     code = 1
+    baseline: set[str] | None = None
     try:
         sock.close()
         if os.read(gate, 1) != b"1":  # aborted, or the zygote died: never run the trial
@@ -71,6 +116,7 @@ def _run_child(request: dict[str, Any], sock: socket.socket, gate: int) -> None:
             np.random.seed(int.from_bytes(os.urandom(4), "little"))
         args = request["argv"]
         sys.path.insert(0, request["cwd"])
+        baseline = set(sys.modules)
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
@@ -92,6 +138,7 @@ def _run_child(request: dict[str, Any], sock: socket.socket, gate: int) -> None:
         code = 1
     finally:
         try:
+            _report_imports(baseline, report)
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
@@ -100,23 +147,46 @@ def _run_child(request: dict[str, Any], sock: socket.socket, gate: int) -> None:
 
 def _preload(modules: list[str]) -> None:
     """Import ``modules`` with file descriptor 2 silenced: TensorFlow's import chatter (oneDNN,
-    absl) would otherwise land on the terminal of whoever runs the sweep. A module that fails to
-    import is skipped; the trial that needs it reports the error in its own log."""
+    absl) would otherwise land on the terminal of whoever runs the sweep. Only installed
+    packages and tunehub's own, from the trusted part of ``sys.path`` (restored afterwards, so
+    the trials see all of it). A module that fails to import is skipped; the trial that needs
+    it reports the error in its own log."""
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     sys.stderr.flush()
     os.dup2(devnull, 2)
+    path = list(sys.path)
+    tuner = sys.modules["tuner"]  # imported with this module: where tunehub's code comes from
+    platform_root = os.path.dirname(os.path.dirname(os.path.abspath(str(tuner.__file__))))
+    sys.path[:] = installed.trusted_path(path, platform_root)
     try:
-        for module in modules:
+        for module in [*PLATFORM_PRELOAD, *modules]:
+            if module.split(".")[0] not in installed.PLATFORM and not installed.is_installed(
+                    module):
+                continue
             try:
                 importlib.import_module(module)
             except ImportError:
                 pass
     finally:
+        sys.path[:] = path
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+def _read_report(fd: int | None) -> Any:
+    """What a trial that exited wrote on its report pipe (JSON, or None: it was killed, or
+    wrote nothing); never waits: a process it forked may still hold the pipe's other end."""
+    if fd is None:
+        return None
+    try:
+        return json.loads(os.read(fd, 4096) or b"null")
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def serve(fd: int, fd_channel: int, preload: list[str]) -> None:
@@ -133,6 +203,7 @@ def serve(fd: int, fd_channel: int, preload: list[str]) -> None:
     sel.register(wake_r, selectors.EVENT_READ, "wake")
     children: dict[int, str] = {}
     gates: dict[str, int] = {}  # spawned children waiting for their go, by id
+    reports: dict[int, int] = {}  # by pid: where each child says what it imported itself
     buffer = b""
 
     def send(message: dict[str, Any]) -> None:
@@ -165,23 +236,27 @@ def serve(fd: int, fd_channel: int, preload: list[str]) -> None:
                     _, fds, _, _ = socket.recv_fds(channel, 1, 1)
                     request["output"] = fds[0]
                     wait, gate = os.pipe()
+                    told, tell = os.pipe()  # what the trial imported itself, at its end
                     try:
                         pid = os.fork()
                     except OSError as exc:
-                        os.close(wait)
-                        os.close(gate)
-                        os.close(fds[0])
+                        for fd in (wait, gate, told, tell, fds[0]):
+                            os.close(fd)
                         send({"op": "error", "id": request["id"], "error": str(exc)})
                         continue
                     if pid == 0:
                         os.close(gate)
-                        for other in gates.values():
+                        os.close(told)
+                        for other in (*gates.values(), *reports.values()):
                             os.close(other)
                         channel.close()
-                        _run_child(request, sock, wait)
+                        _run_child(request, sock, wait, tell)
                     os.close(wait)
+                    os.close(tell)
                     os.close(fds[0])  # only the trial holds its pipe: it ends when they do
+                    os.set_blocking(told, False)
                     gates[request["id"]] = gate
+                    reports[pid] = told
                     children[pid] = request["id"]
                     send({"op": "spawned", "id": request["id"], "pid": pid})
         while children:
@@ -192,7 +267,8 @@ def serve(fd: int, fd_channel: int, preload: list[str]) -> None:
             if pid == 0:
                 break
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            send({"op": "exited", "id": children.pop(pid, ""), "pid": pid, "code": code})
+            send({"op": "exited", "id": children.pop(pid, ""), "pid": pid, "code": code,
+                  "imported": _read_report(reports.pop(pid, None))})
 
 
 if __name__ == "__main__":
