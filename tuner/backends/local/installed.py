@@ -7,9 +7,9 @@ directories (``site-packages``; where tunehub runs as root, nobody else can writ
 own snapshot, a ``pip install --user`` directory, ``PYTHONPATH`` and the working directory are
 not installed packages here: a trial imports from those itself, after the fork, in its cgroup.
 
-The same test decides what a trial paid for after its fork
-(:func:`imported_after`): installed packages only, since the person's own modules are never
-preloaded and the standard library is cheap and mostly imported already.
+The same test decides what a trial is said to have paid for after its fork
+(:mod:`tuner.backends.local.import_clock`): installed packages only, since the person's own
+modules are never preloaded and the standard library is cheap and mostly imported already.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from functools import cache
 from importlib.machinery import PathFinder
 from pathlib import Path
-from types import ModuleType
 
 #: Imported by tunehub's own code, not the person's: preloaded as they are, never reported.
 PLATFORM = frozenset({"tuner", "tunehub_base", "hub"})
@@ -32,13 +31,6 @@ PLATFORM = frozenset({"tuner", "tunehub_base", "hub"})
 #: support a fork after it); ``pycuda.autoinit`` creates a CUDA context (CUDA does not survive
 #: a fork). A trial importing them pays for it after the fork and is reported so.
 FORK_UNSAFE = ("mpi4py", "pycuda.autoinit", "pycuda.gl.autoinit")
-
-#: A package counts as imported after a fork from this many of its modules on: fewer is a lazy
-#: import of data or of a small helper, not the seconds a missed preload costs (scikit-learn
-#: loads two empty modules, ``sklearn.datasets.data`` and ``.descr``, on its first
-#: ``load_digits()``; importing ``sklearn.ensemble`` loads hundreds).
-MIN_MODULES = 3
-
 
 @cache
 def package_dirs() -> tuple[str, ...]:
@@ -121,24 +113,3 @@ def preloadable(names: Iterable[str]) -> list[str]:
             continue
         found.add(module)
     return sorted(m for m in found if not any(o.startswith(m + ".") for o in found))
-
-
-def imported_after(baseline: set[str], modules: dict[str, ModuleType]) -> dict[str, int]:
-    """The installed packages (top-level names) that modules in ``modules`` but not in
-    ``baseline`` came from, with how many of their modules: what a forked trial imported
-    itself (:data:`PLATFORM` and the standard library left out), when it was at least
-    :data:`MIN_MODULES`. A package is judged by the file of one of its new modules (a few
-    system calls per package, not per module)."""
-    new: dict[str, list[str]] = {}
-    for name in modules.keys() - baseline:
-        top = name.split(".")[0]
-        if top not in PLATFORM and top not in sys.stdlib_module_names:
-            new.setdefault(top, []).append(name)
-    dirs = package_dirs()
-    counts: dict[str, int] = {}
-    for top, names in new.items():
-        files = (getattr(modules.get(name), "__file__", None) for name in names)
-        path = next((f for f in files if isinstance(f, str)), None)
-        if len(names) >= MIN_MODULES and path is not None and _under(path, dirs):
-            counts[top] = len(names)
-    return counts

@@ -30,10 +30,11 @@ MAX_IMPORTED = 20
 
 class WarmExit(int):
     """A warm trial's exit code (negative for a signal, as asyncio's), and what it imported
-    after its fork: the installed packages (top-level names) it loaded modules of itself,
-    by count of modules; None when it could not say (killed, or it ended its own process)."""
+    after its fork: the installed packages (top-level names) it spent time importing itself,
+    in seconds (:mod:`tuner.backends.local.import_clock`); None when it could not say (killed,
+    or it ended its own process)."""
 
-    imported: dict[str, int] | None
+    imported: dict[str, float] | None
 
     def __new__(cls, code: int, imported: object = None) -> WarmExit:
         self = super().__new__(cls, code)
@@ -41,19 +42,20 @@ class WarmExit(int):
         return self
 
 
-def _imported(reported: object) -> dict[str, int] | None:
+def _imported(reported: object) -> dict[str, float] | None:
     if not isinstance(reported, dict):
         return None
-    return {name: count for name, count in list(reported.items())[:MAX_IMPORTED]
+    return {name: float(spent) for name, spent in list(reported.items())[:MAX_IMPORTED]
             if isinstance(name, str) and _MODULE_NAME.fullmatch(name)
-            and isinstance(count, int) and not isinstance(count, bool) and count > 0}
+            and isinstance(spent, int | float) and not isinstance(spent, bool)
+            and 0 <= spent < 1e6}
 
 
 def imported_after_fork(exits: Iterable[asyncio.Future[int]]) -> tuple[str, ...] | None:
     """What the processes of one attempt (their exit futures) imported after their fork
-    (:class:`WarmExit`), most modules first: empty when they were fully warm, None when none
+    (:class:`WarmExit`), most import time first: empty when they were fully warm, None when none
     could say (a cold start, or all were killed)."""
-    counts: dict[str, int] = {}
+    counts: dict[str, float] = {}
     known = False
     for fut in exits:
         if not fut.done() or fut.cancelled() or fut.exception() is not None:

@@ -17,10 +17,10 @@ not one line of the trial's code runs outside it; ``{"op": "abort", "id"}`` make
 Only installed packages are preloaded, with ``sys.path`` cut to the standard library's and the
 installed packages' directories meanwhile (:mod:`tuner.backends.local.installed`): nothing of the
 person's runs here, outside their trials' cgroups. What a trial imports after its fork anyway (a
-module named at run time, one the import graph could not see) is measured: the modules it
-loaded beyond those it was forked with, at its exit. The installed packages among them are
-named in its log and sent back with its exit (``"imported": {"sklearn": 412}`` in ``exited``),
-so the sweep says it was not fully warm and why.
+module named at run time, one the import graph could not see) is timed
+(:mod:`tuner.backends.local.import_clock`); the installed packages it spent time on are named
+in its log and sent back with its exit (``"imported": {"sklearn": 0.91}``, seconds, in
+``exited``), so the sweep says it was not fully warm and why.
 
 Run as ``python -m tuner.backends.local.zygote_process FD FD_CHANNEL MODULE[,MODULE...]``.
 """
@@ -44,6 +44,7 @@ import traceback
 from typing import Any
 
 from tuner.backends.local import installed
+from tuner.backends.local.import_clock import ImportClock
 from tuner.backends.local.netns import enter_as_owner
 from tuner.backends.local.parent_death import die_with_parent as _die_with_parent
 from tuner.scheduling.workdirs import HEADER
@@ -59,26 +60,25 @@ PLATFORM_PRELOAD = ("httpx",)
 MAX_REPORTED = 20
 
 
-def _report_imports(baseline: set[str] | None, report: int) -> None:
-    """At a trial's exit: the installed packages it imported itself, on its stderr (its log)
-    and to the zygote through ``report``."""
-    if baseline is None:
+def _report_imports(clock: ImportClock | None, report: int) -> None:
+    """At a trial's exit: the installed packages it spent time importing itself, on its
+    stderr (its log) and to the zygote through ``report``."""
+    if clock is None:
         return
     try:
-        late = installed.imported_after(baseline, dict(sys.modules))
+        late = dict(list(clock.late().items())[:MAX_REPORTED])
     except Exception:  # e.g. its threads still importing: say nothing rather than fail its exit
         return
-    top = dict(sorted(late.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_REPORTED])
     try:
-        if top:
-            names = ", ".join(f"{name} ({count} modules)" for name, count in top.items())
-            print(f"{HEADER} not fully warm: this trial imported {names} after its warm start "
-                  "(the import graph of its code did not name them, or they are not installed "
-                  "packages; the spec's preload: can name them) ===", file=sys.stderr)
+        if late:
+            names = ", ".join(f"{name} ({spent:.2f} s)" for name, spent in late.items())
+            print(f"{HEADER} not fully warm: this trial spent {sum(late.values()):.2f} s "
+                  f"importing {names} after its warm start (the import graph of its code did "
+                  "not name them; the spec's preload: can) ===", file=sys.stderr)
     except (OSError, ValueError, AttributeError):  # the trial closed or replaced its stderr
         pass
     try:
-        os.write(report, json.dumps(top).encode()[:4000])
+        os.write(report, json.dumps(late).encode()[:4000])
     except OSError:
         pass
 
@@ -87,7 +87,7 @@ def _run_child(request: dict[str, Any], sock: socket.socket, gate: int, report: 
     """In the forked child: wait at ``gate`` for the backend's go, then become the trial;
     at its end, say what it imported itself on ``report``. Never returns."""
     code = 1
-    baseline: set[str] | None = None
+    clock: ImportClock | None = None
     try:
         sock.close()
         if os.read(gate, 1) != b"1":  # aborted, or the zygote died: never run the trial
@@ -116,7 +116,9 @@ def _run_child(request: dict[str, Any], sock: socket.socket, gate: int, report: 
             np.random.seed(int.from_bytes(os.urandom(4), "little"))
         args = request["argv"]
         sys.path.insert(0, request["cwd"])
-        baseline = set(sys.modules)
+        clock = ImportClock()
+        if not clock.start():
+            clock = None
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
@@ -138,7 +140,7 @@ def _run_child(request: dict[str, Any], sock: socket.socket, gate: int, report: 
         code = 1
     finally:
         try:
-            _report_imports(baseline, report)
+            _report_imports(clock, report)
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
