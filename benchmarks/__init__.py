@@ -20,6 +20,7 @@ def all_benchmarks() -> list[Benchmark]:
     from benchmarks.scale import ScaleBenchmark
     from benchmarks.start_latency import StartLatencyBenchmark
     from benchmarks.tpe_view import TpeViewBenchmark
+    from benchmarks.warm_imports import WarmImportsBenchmark
 
     return [
         OverheadBenchmark(),
@@ -28,6 +29,7 @@ def all_benchmarks() -> list[Benchmark]:
         TpeViewBenchmark(),
         DigitsBenchmark(),
         StartLatencyBenchmark(),
+        WarmImportsBenchmark(),
         KubernetesBenchmark(),
         HubBenchmark(),
         PoolBenchmark(),

@@ -73,6 +73,7 @@ SIZE_KEYS = {
     "digits": "digits_trials (20 per sweep), digits_seeds (3), digits_epochs (12), "
               "digits_target_permille (970)",
     "start_latency": "latency_trials (20 per mode)",
+    "warm_imports": "warm_imports_trials (7 per row)",
     "kubernetes": "kube_trials (500)",
     "hub": "hub_users (50)",
     "pool": "pool_hours (9: simulated day at 64 GPUs), pool_scale_hours (3: at 1,000 GPUs)",
