@@ -17,11 +17,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.conftest import Home
 from tests.sweeps_helpers import parse_json, write_sweep
 from tuner.backends import TrialEvent, TrialLaunch
 from tuner.backends.local import LocalBackend
+from tuner.backends.local.import_clock import MIN_SECONDS
 from tuner.backends.local.installed import preloadable
 from tuner.backends.local.warm import preload_for
 from tuner.backends.local.zygote import Zygote, close_idle
@@ -45,6 +47,7 @@ def fit():
     model = SGDClassifier(max_iter=5, tol=None, random_state=0).fit(x[:300], y[:300])
     return float(model.score(x[300:400], y[300:400]))
 """
+METRICS = ("tunehub_trial_not_fully_warm_total", "tunehub_trial_import_after_start_seconds_total")
 # A package no reading of the code can find: its name is computed when the trial runs (scipy's
 # optimizers: a few hundred milliseconds of imports, nothing the warm process has loaded).
 DYNAMIC_TRAIN = """
@@ -118,7 +121,11 @@ async def test_a_sklearn_trial_starts_fully_warm(tmp_path: Path) -> None:
 
 
 async def test_a_package_imported_by_a_computed_name_is_reported(tmp_path: Path) -> None:
+    before = {name: REGISTRY.get_sample_value(name) or 0.0 for name in METRICS}
     final, logs = await _run(tmp_path, {"train.py": DYNAMIC_TRAIN}, n=2)
+    after = {name: REGISTRY.get_sample_value(name) or 0.0 for name in METRICS}
+    assert after[METRICS[0]] - before[METRICS[0]] == 2, (before, after)
+    assert after[METRICS[1]] - before[METRICS[1]] >= 2 * MIN_SECONDS, (before, after)
     for event, log in zip(final, logs, strict=True):
         assert event.kind == "succeeded", (event, log)
         assert event.imported_after_start is not None, log

@@ -15,12 +15,25 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Counter
+
 import tuner
 from tunehub_base import unix_users
 from tuner.backends._base import inherited_environment
 
 log = logging.getLogger("tunehub.local.zygote")
 
+
+NOT_FULLY_WARM = Counter(
+    "tunehub_trial_not_fully_warm_total",
+    "Warm-started local trial processes that still spent time importing installed packages "
+    "themselves after their fork (a missed preload; the sweep's note names them)",
+)
+IMPORT_SECONDS = Counter(
+    "tunehub_trial_import_after_start_seconds_total",
+    "Seconds warm-started local trial processes spent importing installed packages "
+    "themselves after their fork",
+)
 
 #: How a module name the zygote reports must look (it runs as the person: its words are
 #: checked, not believed) and how many are kept.
@@ -132,8 +145,11 @@ class Zygote:
                     self._resolve(self._spawned.pop(key, None), msg["pid"])
                 elif op == "exited":
                     self._last_used = time.monotonic()
-                    self._resolve(self._exited.pop(key, None),
-                                  WarmExit(msg["code"], msg.get("imported")))
+                    ended = WarmExit(msg["code"], msg.get("imported"))
+                    if ended.imported:
+                        NOT_FULLY_WARM.inc()
+                        IMPORT_SECONDS.inc(sum(ended.imported.values()))
+                    self._resolve(self._exited.pop(key, None), ended)
                 elif op == "error":
                     fut = self._spawned.pop(key, None)
                     if fut is not None and not fut.done():
