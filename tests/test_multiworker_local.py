@@ -5,7 +5,6 @@ result; a worker that fails fails the attempt and its siblings are stopped."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -17,6 +16,7 @@ from tests.conftest import Home
 from tests.polling import wait_for
 from tests.serving_helpers import served
 from tests.sweeps_helpers import parse_json, write_sweep
+from tunehub_base.process_identity import ProcessIdentity
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_multiworker"
 
@@ -59,8 +59,9 @@ def test_two_workers_train_one_keras_model_and_report_one_result(
 
 WORKER_FAILS = """
 import json, os, pathlib, sys, time
+from tunehub_base.process_identity import ProcessIdentity
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-pathlib.Path(os.environ["RECORD_DIR"], f"{index}.pid").write_text(str(os.getpid()))
+pathlib.Path(os.environ["RECORD_DIR"], f"{index}.pid").write_text(ProcessIdentity.current().line())
 if index == 1:
     while not pathlib.Path(os.environ["RECORD_DIR"], "0.pid").exists():
         time.sleep(0.05)  # fail once the chief runs (then it must be stopped)
@@ -77,8 +78,9 @@ def test_a_failing_worker_fails_the_attempt_and_stops_the_others(
     trials = out["trials_detail"]
     assert trials[0]["state"] == "failed", trials
     assert "worker 1 exited with code 3" in trials[0]["reason"], trials[0]
-    chief = int((record / "0.pid").read_text())
-    wait_for(lambda: not _alive(chief), timeout=30, what="the chief to be stopped")
+    chief = ProcessIdentity.parse((record / "0.pid").read_text())
+    assert chief.start is not None, chief  # judged by its start time, never the pid alone
+    wait_for(lambda: chief.alive() is False, timeout=30, what="the chief to be stopped")
 
 
 TF_CONFIGS = """
@@ -113,15 +115,6 @@ def run_recorded(home: Home, tmp_path: Path, script: str, **spec: object) -> tup
     home.extra_env["RECORD_DIR"] = str(record)
     path = write_sweep(tmp_path / "code", script, trials=1, parallelism=1, **spec)
     return parse_json(home.cli("sweep", "run", str(path), "--wait", "--json").stdout), record
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}").exists() else ""
-    return " Z " not in stat
 
 
 GPUS = """

@@ -13,6 +13,7 @@ from sqlalchemy import select, text
 from tests.conftest import Home
 from tests.polling import wait_for
 from tests.sweeps_helpers import parse_json, write_sweep
+from tunehub_base.process_identity import ProcessIdentity, parse_records
 from tuner.db import Database, SweepRow, Trial
 
 SLOW = """
@@ -24,21 +25,17 @@ for step in range(1, 5):
 """
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
+def _ended(process: ProcessIdentity) -> bool:
+    """The recorded process no longer runs: judged by its start time, so a stranger that took
+    its pid since (pids wrap on a busy machine) does not keep it alive. A record without a
+    start time is a worker that had ended before its pid file was written."""
+    return process.alive() is not True
 
 
 def test_sigkill_then_resume_finishes_exactly(home: Home, tmp_path: Path) -> None:
     spec = write_sweep(tmp_path / "code", SLOW, trials=8, parallelism=2, max_retries=0)
     submitted = parse_json(home.cli("sweep", "run", str(spec), "--json", check=True).stdout)
-    sweep_id, controller = submitted["id"], submitted["controller_pid"]
+    sweep_id, controller = submitted["id"], ProcessIdentity.of(submitted["controller_pid"])
     db = Database(home.db_url)
 
     def trials() -> list[Trial]:
@@ -51,14 +48,13 @@ def test_sigkill_then_resume_finishes_exactly(home: Home, tmp_path: Path) -> Non
         and any(t.state == "running" for t in trials()),
         what="two completed trials and one running",
     )
-    os.kill(controller, signal.SIGKILL)
-    wait_for(lambda: not _pid_alive(controller), what="controller to die")
+    os.kill(controller.pid, signal.SIGKILL)
+    wait_for(lambda: _ended(controller), what="controller to die")
     before = {t.number: t.value for t in trials() if t.state == "completed"}
-    running_pids = [
-        int(p.read_text()) for p in (home.path / "sweeps" / str(sweep_id)).rglob("attempt-*.pid")
-    ]
+    attempts = [process for p in (home.path / "sweeps" / str(sweep_id)).rglob("attempt-*.pid")
+                for process in parse_records(p.read_text())]
     # Trials die with their controller instead of reporting into the void.
-    wait_for(lambda: not any(_pid_alive(p) for p in running_pids), what="trials to die")
+    wait_for(lambda: all(_ended(p) for p in attempts), what="trials to die")
     # The kill can land inside Optuna's ask: a trial created, its parameters not yet written
     # and no row of ours. Make that happen for sure: the resumed sweep must run it with a
     # full set of parameters under its number.
@@ -127,7 +123,7 @@ def test_resume_finds_a_study_named_by_an_earlier_version(
     spec = write_sweep(tmp_path / "code", GATED.format(gate=str(gate)), trials=2, parallelism=1,
                        max_retries=0)
     submitted = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--json", check=True).stdout)
-    sweep_id, controller = submitted["id"], submitted["controller_pid"]
+    sweep_id, controller = submitted["id"], ProcessIdentity.of(submitted["controller_pid"])
     db = Database(sqlite_home.db_url)
 
     def running() -> bool:
@@ -136,8 +132,8 @@ def test_resume_finds_a_study_named_by_an_earlier_version(
                                                    Trial.state == "running")) is not None
 
     wait_for(running, what="a trial to run")
-    os.kill(controller, signal.SIGKILL)
-    wait_for(lambda: not _pid_alive(controller), what="controller to die")
+    os.kill(controller.pid, signal.SIGKILL)
+    wait_for(lambda: _ended(controller), what="controller to die")
     old_name = "tunehub-0123456789abcdef0123456789abcdef"
     with db.engine.begin() as conn:
         new_name = conn.execute(text("SELECT study_name FROM tunehub_sweeps WHERE id = :i"),

@@ -81,6 +81,8 @@ class SweepRow(Base):
     # controller from a dead one.
     controller_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
     controller_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # ... and its start (``START@BOOT``, tunehub_base.process_identity): pids are reused.
+    controller_start: Mapped[str | None] = mapped_column(String(64), nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     best_trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
     best_value: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from tuner import metrics
 from tuner.db import Database, SweepRow, Trial, TrialReport, utcnow
 from tuner.errors import Conflict, NotFound
-from tuner.lifecycle.liveness import controller_alive, is_mine
+from tuner.lifecycle.liveness import controller_alive, is_mine, this_process
 from tuner.lifecycle.states import (
     COUNTED,
     SweepState,
@@ -132,6 +132,7 @@ class Ledger:
                 )
             sweep.controller_host = socket.gethostname()
             sweep.controller_pid = os.getpid()
+            sweep.controller_start = this_process()
             sweep.heartbeat_at = utcnow()
             if sweep.state != SweepState.CANCELLING:
                 sweep.state = check_sweep(sweep.state, SweepState.RUNNING)

@@ -33,6 +33,7 @@ from tunehub_base import unix_users
 from tunehub_base.gpu_holders import Holder
 from tunehub_base.gpus import GpuPool, discover_gpus
 from tunehub_base.options import setting
+from tunehub_base.process_identity import parse_records
 from tuner import metrics, untrusted_files
 from tuner.backends._base import (
     COLD,
@@ -60,6 +61,7 @@ from tuner.backends.local.processes import (
     command_argv,
     describe_exit,
     killpg,
+    still_running,
     write_pid,
 )
 from tuner.backends.local.warm import ALWAYS, warm_argv
@@ -547,17 +549,13 @@ class LocalBackend(Backend):
             pid_file = launch.workdir / f"attempt-{launch.attempt}.pid"
             try:  # root's file, unless the attempt died before it was written: never followed
                 text = untrusted_files.read_tail(pid_file, PID_FILE_BYTES)[0].decode()
-                pgids = [int(line) for line in text.split()]
+                records = parse_records(text)
             except (OSError, ValueError):
                 continue
-            for pgid in pgids:  # one per worker
-                try:
-                    # Only a process that is still this attempt (pids get reused).
-                    marker = f"TUNEHUB_TRIAL_ID={launch.trial_id}\0".encode()
-                    if marker in Path(f"/proc/{pgid}/environ").read_bytes():
-                        os.killpg(pgid, signal.SIGKILL)
-                except OSError:
-                    pass
+            marker = f"TUNEHUB_TRIAL_ID={launch.trial_id}\0".encode()
+            for record in records:  # one per worker; only a process still this attempt
+                if still_running(record, marker):
+                    killpg(record.pid, signal.SIGKILL)
         return set()
 
     async def close(self) -> None:

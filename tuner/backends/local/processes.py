@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tunehub_base import unix_users
+from tunehub_base.process_identity import ProcessIdentity
 from tuner.backends._base import TrialLaunch
 from tuner.backends.local.cgroups import AttemptGroup
 from tuner.backends.local.log_pipes import AttemptLog
@@ -48,7 +49,9 @@ def describe_exit(code: int) -> str:
 
 def write_pid(path: Path, pids: list[int]) -> None:
     """Root's pid file in a directory the trial's owner may write to: whatever they put at
-    that name is replaced, and a link is never followed (it is only a hint for reconcile)."""
+    that name is replaced, and a link is never followed (it is only a hint for reconcile).
+    Each worker's line is its identity (pid, start, boot): a pid alone is reused once the
+    process ends, and reconcile must never signal whoever took it."""
     try:
         st = os.lstat(path)
         if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode):
@@ -61,7 +64,28 @@ def write_pid(path: Path, pids: list[int]) -> None:
     except OSError:
         return
     with open(fd, "w") as fh:
-        fh.write("\n".join(str(pid) for pid in pids))  # one per worker, the chief first
+        fh.write("\n".join(_identity(pid).line() for pid in pids))  # the chief first
+
+
+def _identity(pid: int) -> ProcessIdentity:
+    """A worker's identity; just its pid where it already ended (nothing left to find)."""
+    try:
+        return ProcessIdentity.of(pid)
+    except ProcessLookupError:
+        return ProcessIdentity(pid)
+
+
+def still_running(record: ProcessIdentity, marker: bytes) -> bool:
+    """The recorded worker runs still: by its start time, or, in a pid file of an earlier
+    version (no start time), by ``marker`` in its environment (root reads ``/proc``, not a
+    path the trial controls)."""
+    verdict = record.alive()
+    if verdict is not None:
+        return verdict
+    try:
+        return marker in Path(f"/proc/{record.pid}/environ").read_bytes()
+    except OSError:
+        return False
 
 
 class Attempt:

@@ -1,0 +1,209 @@
+"""A process is its pid, start time and boot, never its pid alone: a pid that now belongs to
+another process is judged dead (a controller's claim, an attempt's pid file), a live process
+alive, and a record without a start time (an earlier version's) falls back to the heartbeat.
+A sweep whose controller claim names a reused pid is resumed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from tests.conftest import Home
+from tests.polling import wait_for
+from tests.sweeps_helpers import parse_json, write_sweep
+from tunehub_base.process_identity import ProcessIdentity, boot_id, parse_records
+from tuner.backends.local.processes import still_running, write_pid
+from tuner.db import Database, SweepRow, Trial, utcnow
+from tuner.lifecycle.liveness import HEARTBEAT_STALE, controller_alive, is_mine
+
+#: A live process that is not the controller, with "tuner" in its command line (what the
+#: check by pid and command line took for one).
+IMPOSTOR = [sys.executable, "-c", "import time; time.sleep(600)", "tuner-impostor"]
+
+
+@pytest.fixture
+def impostor() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(IMPOSTOR, env={**os.environ, "TUNEHUB_TRIAL_ID": "7"})
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def _reused(proc: subprocess.Popen[bytes]) -> ProcessIdentity:
+    """A record of an earlier process that had ``proc``'s pid: same pid and boot, started
+    before it."""
+    now = ProcessIdentity.of(proc.pid)
+    assert now.start is not None
+    return ProcessIdentity(proc.pid, now.start - 1, now.boot)
+
+
+def _claim(identity: ProcessIdentity, *, start: str | None, age: timedelta,
+           host: str | None = None) -> SweepRow:
+    """A sweep row as a controller's claim leaves it (never stored)."""
+    return SweepRow(controller_host=host or socket.gethostname(), controller_pid=identity.pid,
+                    controller_start=start, heartbeat_at=utcnow() - age)
+
+
+# --- the identity itself --------------------------------------------------------------------
+
+def test_a_live_process_is_alive_and_its_record_round_trips() -> None:
+    me = ProcessIdentity.current()
+    assert me.pid == os.getpid() and me.start is not None and me.boot == boot_id()
+    assert me.alive() is True
+    assert ProcessIdentity.parse(me.line()) == me
+    assert ProcessIdentity.from_token(me.pid, me.token) == me
+
+
+def test_a_pid_now_held_by_another_process_is_dead(
+    impostor: subprocess.Popen[bytes],
+) -> None:
+    assert ProcessIdentity.of(impostor.pid).alive() is True
+    assert _reused(impostor).alive() is False
+    other_boot = ProcessIdentity(impostor.pid, ProcessIdentity.of(impostor.pid).start,
+                                 "00000000-0000-0000-0000-000000000000")
+    assert other_boot.alive() is False  # the machine rebooted since the record
+
+
+def test_ended_and_zombie_processes_are_dead() -> None:
+    child = subprocess.Popen(["sleep", "600"])
+    record = ProcessIdentity.of(child.pid)
+    assert record.alive() is True
+    child.kill()
+    # Not reaped yet: a zombie, dead for every purpose here.
+    wait_for(lambda: record.alive() is False, timeout=60, what="the child to end")
+    assert Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    child.wait(timeout=60)
+    assert record.alive() is False  # reaped: gone, or its pid taken by someone else
+
+
+def test_a_record_without_start_time_cannot_be_judged() -> None:
+    assert ProcessIdentity.parse(str(os.getpid())) == ProcessIdentity(os.getpid())
+    assert ProcessIdentity(os.getpid()).alive() is None
+    assert ProcessIdentity.from_token(os.getpid(), None).alive() is None
+    assert ProcessIdentity.from_token(os.getpid(), "garbage@x").alive() is None
+    with pytest.raises(ValueError):
+        ProcessIdentity.parse("1 2 3 4")
+
+
+# --- the controller's claim ------------------------------------------------------------------
+
+def test_a_reused_pid_never_counts_as_the_controller(
+    impostor: subprocess.Popen[bytes],
+) -> None:
+    reused = _reused(impostor)
+    # Even with a heartbeat of a moment ago: on its own machine, identity decides.
+    assert controller_alive(_claim(reused, start=reused.token, age=timedelta(0))) is False
+    live = ProcessIdentity.of(impostor.pid)
+    # The claimed process itself runs: alive, however old its heartbeat (a stopped one).
+    assert controller_alive(_claim(live, start=live.token, age=HEARTBEAT_STALE * 10)) is True
+
+
+def test_an_old_claim_without_start_time_falls_back_to_the_heartbeat(
+    impostor: subprocess.Popen[bytes],
+) -> None:
+    live = ProcessIdentity.of(impostor.pid)
+    fresh, stale = timedelta(0), HEARTBEAT_STALE + timedelta(seconds=5)
+    assert controller_alive(_claim(live, start=None, age=fresh)) is True
+    # A live "tuner" process at that pid no longer keeps a silent claim alive.
+    assert controller_alive(_claim(live, start=None, age=stale)) is False
+    # On another machine the heartbeat decides, whatever the claim records.
+    elsewhere = _reused(impostor)
+    assert controller_alive(_claim(elsewhere, start=elsewhere.token, age=fresh,
+                                   host="elsewhere.invalid")) is True
+    assert controller_alive(_claim(live, start=live.token, age=stale,
+                                   host="elsewhere.invalid")) is False
+
+
+def test_this_process_is_not_mine_through_an_earlier_holder_of_its_pid() -> None:
+    me = ProcessIdentity.current()
+    assert me.start is not None
+    assert is_mine(_claim(me, start=me.token, age=timedelta(0)))
+    earlier = ProcessIdentity(me.pid, me.start - 1, me.boot)
+    assert not is_mine(_claim(earlier, start=earlier.token, age=timedelta(0)))
+
+
+# --- an attempt's pid file -------------------------------------------------------------------
+
+def test_reconcile_never_kills_whoever_took_an_attempts_pid(
+    impostor: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    """The impostor even carries the attempt's trial id in its environment, the only check
+    before: only its recorded start time tells it is not the attempt."""
+    marker = b"TUNEHUB_TRIAL_ID=7\0"
+    wait_for(lambda: marker in Path(f"/proc/{impostor.pid}/environ").read_bytes(), timeout=60,
+             what="the impostor's environment")
+    assert still_running(_reused(impostor), marker) is False
+    assert still_running(ProcessIdentity.of(impostor.pid), marker) is True
+    # An earlier version's pid file (bare pids): the marker decides, as it did.
+    assert still_running(ProcessIdentity(impostor.pid), marker) is True
+    assert still_running(ProcessIdentity(impostor.pid), b"TUNEHUB_TRIAL_ID=8\0") is False
+    pid_file = tmp_path / "attempt-1.pid"
+    write_pid(pid_file, [impostor.pid, os.getpid()])
+    assert parse_records(pid_file.read_text()) == [ProcessIdentity.of(impostor.pid),
+                                                   ProcessIdentity.current()]
+
+
+# --- a sweep whose claim names a reused pid ---------------------------------------------------
+
+GATED = """
+import pathlib, time, tuner
+p = tuner.params()
+while not pathlib.Path({gate!r}).exists():
+    time.sleep(0.05)  # the workload: blocked until the test opens the gate
+tuner.report(p["x"], step=1)
+"""
+
+
+def test_a_sweep_claimed_by_a_reused_pid_is_resumed(
+    sqlite_home: Home, tmp_path: Path, impostor: subprocess.Popen[bytes]
+) -> None:
+    gate = tmp_path / "gate"
+    spec = write_sweep(tmp_path / "code", GATED.format(gate=str(gate)), trials=2, parallelism=1,
+                       max_retries=0)
+    submitted = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--json", check=True).stdout)
+    sweep_id = submitted["id"]
+    controller = ProcessIdentity.of(submitted["controller_pid"])
+    db = Database(sqlite_home.db_url)
+
+    def claimed() -> bool:
+        with db.session() as s:
+            sweep = s.get(SweepRow, sweep_id)
+            running = s.scalar(select(Trial.id).where(Trial.sweep_id == sweep_id,
+                                                      Trial.state == "running"))
+            return sweep is not None and sweep.controller_start is not None and (
+                running is not None)
+
+    wait_for(claimed, timeout=120, what="the controller's claim and a running trial")
+    with db.session() as s:
+        sweep = s.get(SweepRow, sweep_id)
+        assert sweep is not None
+        assert sweep.controller_start == controller.token  # the claim records its start
+    os.kill(controller.pid, signal.SIGKILL)
+    wait_for(lambda: controller.alive() is False, timeout=60, what="the controller to die")
+    # The dead controller's pid now belongs to a live "tuner" process, and its heartbeat is
+    # fresh: only the start time tells the claim is void.
+    reused = _reused(impostor)
+    with db.session() as s:
+        sweep = s.get(SweepRow, sweep_id)
+        assert sweep is not None
+        sweep.controller_pid, sweep.controller_start = reused.pid, reused.token
+        sweep.heartbeat_at = utcnow()
+    gate.touch()
+
+    resumed = sqlite_home.cli("sweep", "resume", str(sweep_id), "--wait", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    out = parse_json(resumed.stdout)
+    assert out["state"] == "completed" and out["completed"] == 2, out
+    assert impostor.poll() is None  # and nobody signalled the stranger
+    db.dispose()
