@@ -21,6 +21,7 @@ from tests.conftest import Home
 from tests.polling import wait_for
 from tests.sweeps_helpers import parse_json, write_sweep
 from tunehub_base.process_identity import ProcessIdentity, boot_id, parse_records
+from tuner.backends.local import cgroups
 from tuner.backends.local.processes import still_running, write_pid
 from tuner.db import Database, SweepRow, Trial, utcnow
 from tuner.lifecycle.liveness import HEARTBEAT_STALE, controller_alive, is_mine
@@ -152,6 +153,25 @@ def test_reconcile_never_kills_whoever_took_an_attempts_pid(
     write_pid(pid_file, [impostor.pid, os.getpid()])
     assert parse_records(pid_file.read_text()) == [ProcessIdentity.of(impostor.pid),
                                                    ProcessIdentity.current()]
+
+
+def test_a_dead_tuners_cgroup_parent_is_cleared_though_its_pid_was_reused(
+    impostor: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    """A tuner names its cgroup parent by its pid and start; a later tuner clears the parents
+    of dead ones. (Plain directories stand in for the cgroup tree: the judgement is the
+    name's.)"""
+    reused, me = _reused(impostor), ProcessIdentity.current()
+    live = ProcessIdentity.of(impostor.pid)
+    names = {"reused": f"tunehub-{reused.pid}-{reused.start}-abcd",
+             "live": f"tunehub-{live.pid}-{live.start}-abcd",
+             "old-live": f"tunehub-{me.pid}-abcd",  # an earlier version's name: by pid
+             "mine": f"tunehub-{cgroups._owner_part()}-abcd"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+    cgroups._clear_stale(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        names[k] for k in ("live", "old-live", "mine"))
 
 
 # --- a sweep whose claim names a reused pid ---------------------------------------------------

@@ -13,8 +13,8 @@ its attempt fails saying so (:meth:`AttemptGroup.oom_killed`).
 
 Where: cgroup v2 when a v2 hierarchy offers the ``memory``, ``cpu`` and ``pids``
 controllers, else the v1 hierarchies of those controllers. The tuner makes a parent of its
-own, ``tunehub-<pid>-<random>``, below its own cgroup in each hierarchy (so whatever bounds the
-tuner bounds its trials too; on v2, whose controllers reach only the children of a group
+own, ``tunehub-<pid>-<start>-<random>``, below its own cgroup in each hierarchy (so whatever
+bounds the tuner bounds its trials too; on v2, whose controllers reach only the children of a group
 without processes, below the hierarchy's root when its own group has them), one group per
 attempt in it, and removes the parent when the backend closes. The groups are made by root
 and stay root's: a process is placed in its group by root before it runs any of the trial's
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunehub_base.options import setting
+from tunehub_base.process_identity import ProcessIdentity
 
 CONTROLLERS = ("memory", "cpu", "pids")
 CPU_PERIOD_US = 100_000
@@ -207,7 +208,7 @@ def open_hierarchy() -> tuple[Hierarchy | None, str]:
     with None, why there is none)."""
     mounts = _cgroup_mounts()
     own = _own_cgroups()
-    name = f"tunehub-{os.getpid()}-{secrets.token_hex(4)}"
+    name = f"tunehub-{_owner_part()}-{secrets.token_hex(4)}"
     problems: list[str] = []
     for mount_root, point in mounts.get("cgroup2", []):
         available = _read(point / "cgroup.controllers").split()
@@ -255,18 +256,46 @@ def bounds_for(memory: int, cpu: float, workers: int) -> Bounds:
                   pids=ATTEMPT_PIDS.number() * workers)
 
 
+def _owner_part() -> str:
+    """This tuner in its parent groups' names: ``PID-START`` (``/proc/PID/stat`` field 22), so
+    a later tuner never mistakes a process that took a dead one's pid for it."""
+    me = ProcessIdentity.current()
+    return f"{me.pid}-{me.start}" if me.start is not None else str(me.pid)
+
+
+def _owner(name: str) -> ProcessIdentity | None:
+    """The tuner a parent group is named after: ``tunehub-PID-START-RANDOM``, or
+    ``tunehub-PID-RANDOM`` (an earlier version, or no start time to read); None for any other
+    name."""
+    parts = name.split("-")
+    try:
+        if len(parts) == 4:
+            return ProcessIdentity(int(parts[1]), int(parts[2]))
+        if len(parts) == 3:
+            return ProcessIdentity(int(parts[1]))
+    except ValueError:
+        pass
+    return None
+
+
 def _clear_stale(base: Path) -> None:
     """Kill and remove what a tuner that died without closing its backend left below
-    ``base`` (its parent is named by its pid): a crash must not leave trials running
+    ``base`` (its parent is named by its identity): a crash must not leave trials running
     unbounded by anything that will ever end them."""
     for parent in base.glob("tunehub-*-*"):
-        try:
-            os.kill(int(parent.name.split("-")[1]), 0)
-            continue  # that tuner still runs (or its pid was reused: left alone)
-        except (ValueError, PermissionError):
+        owner = _owner(parent.name)
+        if owner is None:
             continue
-        except ProcessLookupError:
-            pass
+        alive = owner.alive()
+        if alive is None:  # no start time in the name: by the pid (a reused one keeps it)
+            try:
+                os.kill(owner.pid, 0)
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                pass
+        if alive is not False:
+            continue
         for group in [d for d in parent.iterdir() if d.is_dir()]:
             _V1Group({"any": group}).close()
         _rmdir(parent)
