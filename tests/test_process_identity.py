@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.sweeps_helpers import parse_json, write_sweep
 from tunehub_base.process_identity import ProcessIdentity, boot_id, parse_records
 from tuner.backends.local import cgroups
 from tuner.backends.local.processes import still_running, write_pid
+from tuner.cli import up
 from tuner.db import Database, SweepRow, Trial, utcnow
 from tuner.lifecycle.liveness import HEARTBEAT_STALE, controller_alive, is_mine
 
@@ -172,6 +174,48 @@ def test_a_dead_tuners_cgroup_parent_is_cleared_though_its_pid_was_reused(
     cgroups._clear_stale(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         names[k] for k in ("live", "old-live", "mine"))
+
+
+def test_a_leftover_proxy_is_stopped_only_if_it_is_the_one_its_pid_file_names(
+    tmp_path: Path,
+) -> None:
+    """JupyterHub writes bare pids; a "proxy" that started after the pid file was written took
+    the pid since and is left alone, the one the file names is stopped."""
+    # It blocks SIGTERM, so one sent stays pending where /proc shows it at once.
+    proxy = subprocess.Popen(
+        [sys.executable, "-c", BLOCKS_SIGTERM, "tunehub_base.hub.proxy"], stdout=subprocess.PIPE)
+    try:
+        assert proxy.stdout is not None and proxy.stdout.readline() == b"blocked\n"
+        started = ProcessIdentity.of(proxy.pid).started_at()
+        assert started is not None and abs(started - time.time()) < 60, started
+        pid_file = tmp_path / "proxy.pid"
+        pid_file.write_text(str(proxy.pid))
+        earlier = started - 3600
+        os.utime(pid_file, (earlier, earlier))  # written an hour before this process began
+        up._stop_leftover_proxy(pid_file)
+        assert not _sigterm_pending(proxy.pid)
+        os.utime(pid_file)  # written now, after it started: the file names it
+        up._stop_leftover_proxy(pid_file)
+        assert _sigterm_pending(proxy.pid)
+    finally:
+        proxy.kill()
+        proxy.wait(timeout=60)
+
+
+BLOCKS_SIGTERM = """
+import signal, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+print("blocked", flush=True)
+time.sleep(600)
+"""
+
+
+def _sigterm_pending(pid: int) -> bool:
+    """A SIGTERM sent to the process waits, blocked (``ShdPnd`` in ``/proc/PID/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    raise AssertionError("no ShdPnd in /proc status")
 
 
 # --- a sweep whose claim names a reused pid ---------------------------------------------------

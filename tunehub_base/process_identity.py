@@ -84,6 +84,20 @@ class ProcessIdentity:
             return None
         return now.start == self.start
 
+    def started_at(self) -> float | None:
+        """When the process started, in seconds since the epoch (to about a second: the boot
+        time is whole seconds); None without a start time. For records others wrote with a
+        bare pid (a pid file of JupyterHub's): a process that started after the file was
+        written is not the one it names."""
+        if self.start is None:
+            return None
+        try:
+            btime = next(int(line.split()[1]) for line in
+                         Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return None
+        return btime + self.start / os.sysconf("SC_CLK_TCK")
+
     # --- how a record is written and read back ---------------------------------------------
 
     @property

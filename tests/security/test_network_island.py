@@ -31,6 +31,7 @@ import pytest
 from tests.hub_fixtures import Platform
 from tests.polling import wait_for
 from tests.test_hub_platform import login_token
+from tunehub_base.process_identity import parse_records
 from tunehub_base.unix_users import UnixUser, UnixUsers, privilege_dropper
 from tuner.backends.local.island import (
     HOST_IF_PREFIX,
@@ -280,17 +281,18 @@ def island_ports(home: Path, sid: int) -> tuple[int, set[int]] | None:
     if not pid_files:
         return None
     try:
-        chief = int(pid_files[-1].read_text().split()[0])
+        chief = parse_records(pid_files[-1].read_text())[0]
     except (OSError, ValueError, IndexError):
         return None
     ports = set()
     for table in ("tcp", "tcp6"):
         try:
-            lines = Path(f"/proc/{chief}/net/{table}").read_text().splitlines()[1:]
+            lines = Path(f"/proc/{chief.pid}/net/{table}").read_text().splitlines()[1:]
         except OSError:
             return None
         ports |= {int(f[1].rsplit(":", 1)[1], 16) for f in map(str.split, lines) if f[3] == "0A"}
-    return chief, ports
+    # Still the chief after the read (not a process that took its pid): the tables were its.
+    return (chief.pid, ports) if chief.alive() is True else None
 
 
 def test_multi_worker_tensorflow_trains_and_its_grpc_ports_are_closed_to_others(

@@ -25,6 +25,7 @@ import httpx
 
 from tunehub_base import datastore, ports
 from tunehub_base.options import hub_state_dir, setting, url_of
+from tunehub_base.process_identity import ProcessIdentity
 from tunehub_base.settings import load_settings
 from tuner.cli import isolation
 from tuner.cli.errors import EXIT_FAILED, CliError
@@ -34,6 +35,9 @@ REPO_CONFIG = Path(__file__).resolve().parents[2] / "jupyterhub_config.py"
 ADMIN = "admin"
 READY_TIMEOUT = 180.0
 STOP_TIMEOUT = 60.0
+#: Seconds a process's start may seem to follow its pid file's writing (the boot time it is
+#: reckoned from is whole seconds).
+PID_FILE_SLACK = 2.0
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -275,11 +279,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _stop_leftover_proxy(pid_file: Path) -> None:
     """A hub that fails while starting exits without stopping the proxy it launched; that
-    proxy (recorded in our state directory) would hold the port, so stop it."""
+    proxy (recorded in our state directory) would hold the port, so stop it. Only if the
+    process at that pid started before the file was written: a later one took the pid since."""
     try:
         pid = int(pid_file.read_text().strip())
+        written = pid_file.stat().st_mtime
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        started = ProcessIdentity.of(pid).started_at()
     except (OSError, ValueError):
+        return
+    if started is not None and started > written + PID_FILE_SLACK:
         return
     if b"hub.proxy" in cmdline:
         try:
