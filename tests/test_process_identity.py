@@ -21,6 +21,7 @@ from sqlalchemy import select
 from tests.conftest import Home
 from tests.polling import wait_for
 from tests.sweeps_helpers import parse_json, write_sweep
+from tests.test_resume import GATED  # a trial blocked until its gate opens
 from tunehub_base.process_identity import ProcessIdentity, boot_id, parse_records
 from tuner.backends.local import cgroups
 from tuner.backends.local.processes import still_running, write_pid
@@ -219,15 +220,6 @@ def _sigterm_pending(pid: int) -> bool:
 
 
 # --- a sweep whose claim names a reused pid ---------------------------------------------------
-
-GATED = """
-import pathlib, time, tuner
-p = tuner.params()
-while not pathlib.Path({gate!r}).exists():
-    time.sleep(0.05)  # the workload: blocked until the test opens the gate
-tuner.report(p["x"], step=1)
-"""
-
 
 def test_a_sweep_claimed_by_a_reused_pid_is_resumed(
     sqlite_home: Home, tmp_path: Path, impostor: subprocess.Popen[bytes]
