@@ -19,6 +19,7 @@ from tests.hub_fixtures import Platform, system_users_for_test
 from tests.polling import wait_for
 from tests.service_fixtures import free_port
 from tests.test_hub_platform import login_token
+from tunehub_base.process_identity import ProcessIdentity
 
 API = "services/tuner/api/v1/"
 SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
@@ -112,9 +113,4 @@ def limits_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LimitsWor
 def process_gone(pid: int, start_ticks: int) -> bool:
     """The process ``pid`` that started at ``start_ticks`` (``/proc/PID/stat`` field 22) no
     longer runs: gone, a zombie (dead, waiting to be reaped), or the pid reused since."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[0] in ("Z", "X") or int(fields[19]) != start_ticks
+    return ProcessIdentity(pid, start_ticks).alive() is False
