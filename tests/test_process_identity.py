@@ -221,9 +221,28 @@ def _sigterm_pending(pid: int) -> bool:
 
 # --- a sweep whose claim names a reused pid ---------------------------------------------------
 
-def test_a_sweep_claimed_by_a_reused_pid_is_resumed(
-    sqlite_home: Home, tmp_path: Path, impostor: subprocess.Popen[bytes]
+NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
+
+
+def _take_pid(pid: int, argv: list[str]) -> subprocess.Popen[bytes]:
+    """Start ``argv`` as process ``pid``, as a busy machine's wrap would hand it out: the
+    kernel gives the next fork the pid after ``ns_last_pid`` (root may set it). Another fork
+    on the machine may come between; then try again."""
+    for _ in range(200):
+        NS_LAST_PID.write_text(str(pid - 1))
+        proc = subprocess.Popen(argv)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait(timeout=60)
+    raise AssertionError(f"could not start a process as pid {pid}")
+
+
+def test_a_sweep_whose_controller_pid_was_reused_is_resumed(
+    sqlite_home: Home, tmp_path: Path
 ) -> None:
+    """The controller dies and a "tuner" process takes its very pid, while the claim's
+    heartbeat is fresh: only the start time in the claim tells it is not the controller."""
     gate = tmp_path / "gate"
     spec = write_sweep(tmp_path / "code", GATED.format(gate=str(gate)), trials=2, parallelism=1,
                        max_retries=0)
@@ -244,22 +263,25 @@ def test_a_sweep_claimed_by_a_reused_pid_is_resumed(
     with db.session() as s:
         sweep = s.get(SweepRow, sweep_id)
         assert sweep is not None
-        assert sweep.controller_start == controller.token  # the claim records its start
+        assert (sweep.controller_pid, sweep.controller_start) == (controller.pid,
+                                                                 controller.token)
     os.kill(controller.pid, signal.SIGKILL)
-    wait_for(lambda: controller.alive() is False, timeout=60, what="the controller to die")
-    # The dead controller's pid now belongs to a live "tuner" process, and its heartbeat is
-    # fresh: only the start time tells the claim is void.
-    reused = _reused(impostor)
-    with db.session() as s:
-        sweep = s.get(SweepRow, sweep_id)
-        assert sweep is not None
-        sweep.controller_pid, sweep.controller_start = reused.pid, reused.token
-        sweep.heartbeat_at = utcnow()
-    gate.touch()
-
-    resumed = sqlite_home.cli("sweep", "resume", str(sweep_id), "--wait", "--json")
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    out = parse_json(resumed.stdout)
-    assert out["state"] == "completed" and out["completed"] == 2, out
-    assert impostor.poll() is None  # and nobody signalled the stranger
-    db.dispose()
+    wait_for(lambda: not Path(f"/proc/{controller.pid}").exists(), timeout=60,
+             what="the controller to die and be reaped")
+    impostor = _take_pid(controller.pid, IMPOSTOR)
+    try:
+        with db.session() as s:
+            sweep = s.get(SweepRow, sweep_id)
+            assert sweep is not None
+            sweep.heartbeat_at = utcnow()  # as if it beat just before it died
+            assert not controller_alive(sweep)
+        gate.touch()
+        resumed = sqlite_home.cli("sweep", "resume", str(sweep_id), "--wait", "--json")
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        out = parse_json(resumed.stdout)
+        assert out["state"] == "completed" and out["completed"] == 2, out
+        assert impostor.poll() is None  # and nobody signalled the stranger
+    finally:
+        impostor.kill()
+        impostor.wait(timeout=60)
+        db.dispose()
