@@ -39,6 +39,7 @@ ROUTE = r"/api/tunehub/gpu-use/([^/]+)"
 #: What the home page shows (``template_vars``).
 TEMPLATE_VAR = "tunehub_stop_reason"
 MAX_READINGS = 16  # GPUs one report may carry
+MAX_BODY = 64 * 1024  # bytes of one report (kept in the hub's memory)
 
 
 class GpuReclaim(Configurable):
@@ -139,6 +140,8 @@ def reason_for(user: Any) -> str:
 
 
 def _body(handler: APIHandler) -> dict[str, Any]:
+    if len(handler.request.body or b"") > MAX_BODY:
+        raise web.HTTPError(400, f"body: over {MAX_BODY} bytes")
     try:
         body = json.loads(handler.request.body or b"{}")
     except ValueError:
@@ -187,7 +190,7 @@ class GpuUseHandler(APIHandler):
         user = self._user(user_name)
         body = _body(self)
         server = body.get("server", "")
-        spawner = user.spawners.get(server) if server in user.orm_spawners else None
+        spawner = user.spawners[server] if server in user.orm_spawners else None
         if spawner is None:
             raise web.HTTPError(400, f"server: {user.name} has no server {server!r}")
         config = self._config()

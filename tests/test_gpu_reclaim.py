@@ -20,11 +20,13 @@ from tornado.ioloop import IOLoop
 
 from hub.notebook import SINGLEUSER_ARGS
 from hub.singleuser.gpu_reclaim import NOTICE, IdleClock, Policy, own_gpus
+from tests.hub_fixtures import Platform
 from tests.nvml_standin import GPU_IS_LOST, GiB, StandIn, build
 from tests.polling import wait_for
 from tests.service_fixtures import TunerHub, running_tuner_hub
-from tests.test_hub_platform import _run_busy_cell
-from tunehub_base.gpu_usage import LOST, GpuReading
+from tests.test_hub_platform import Hub as HubApi
+from tests.test_hub_platform import _run_busy_cell, login_token
+from tunehub_base.gpu_usage import LOST, NO_LIBRARY, GpuReading
 
 pytestmark = [pytest.mark.slow]
 
@@ -200,7 +202,8 @@ def test_bad_reports_are_a_400_naming_the_field(hub: TunerHub) -> None:
     api = Hub(hub)
     api.client.post("users/ann")
     for body, field in (([], "body"), ({"readings": "x"}, "readings"),
-                        ({"reclaim": "yes"}, "reclaim"), ({"server": "nope"}, "server")):
+                        ({"reclaim": "yes"}, "reclaim"), ({"server": "nope"}, "server"),
+                        ({"note": "x" * 100_000}, "body")):
         r = api.client.post("tunehub/gpu-use/ann", json=body)
         assert r.status_code == 400 and field in r.json()["message"], (body, r.text)
 
@@ -224,3 +227,27 @@ def test_the_idle_clock() -> None:
     assert own_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
     assert own_gpus({"NVIDIA_VISIBLE_DEVICES": "GPU-abc"}) is None  # a pod: NVML's own
     assert own_gpus({}) == []
+
+
+def test_tunehub_up_servers_report_over_internal_tls_and_no_nvml_is_a_reason(
+    platform: Platform,
+) -> None:
+    """The production wiring (``tunehub up``: internal TLS, a Unix user per person as root): a
+    GPU server with no NVML library reports that reason to the hub and keeps running."""
+    platform.env.update({"TUNEHUB_LOCAL_GPUS": "0", "TUNEHUB_GPU_SAMPLE_SECONDS": "1",
+                         "TUNEHUB_GPU_RECLAIM_WARN_SECONDS": "1",
+                         "TUNEHUB_GPU_RECLAIM_AFTER_SECONDS": "1"})
+    platform.start()
+    assert platform.password, platform.output
+    hub = HubApi(platform.url, login_token(platform.url, "admin", platform.password))
+    hub.call("POST", "hub/api/users/fay", 201)
+    hub.start_server("fay", "gpu-1")
+    def readings() -> list[dict[str, Any]]:
+        use = hub.call("GET", "hub/api/tunehub/gpu-use/fay", 200)
+        return list((use["servers"].get("") or {}).get("readings") or [])
+
+    report = wait_for(readings, timeout=90, what="fay's server's GPU report")
+    assert report[0]["gpu"] == "0" and report[0]["absent"] == NO_LIBRARY, report
+    use = hub.call("GET", "hub/api/tunehub/gpu-use/fay", 200)
+    assert use["servers"][""]["state"] == "unmeasured" and use["policy"]["warn_after"] == 1
+    assert (hub.server("fay") or {}).get("ready"), "a server without NVML was stopped"

@@ -154,11 +154,15 @@ class Reclaimer:
         readings = list((await asyncio.to_thread(self.sampler.sample, gpus)).values())
         state = self.clock.step(readings, time.time(), self.busy(), self.policy)
         note = describe(readings)
+        try:  # a notice that cannot be written never holds back the report
+            if state == "warn":
+                self.notice.write_text(notice_text(self.policy))
+            elif state in ("in use", "unmeasured", "not reclaimed"):
+                self.notice.unlink(missing_ok=True)
+        except OSError as exc:
+            self.app.log.warning("tunehub: the GPU notice in %s: %s", self.notice.parent, exc)
         if state == "warn":
-            self.notice.write_text(notice_text(self.policy))
             self.app.log.warning("tunehub: GPUs unused, warned (%s)", note)
-        elif state in ("in use", "unmeasured", "not reclaimed") and self.notice.exists():
-            self.notice.unlink()
         if state == "unmeasured" and note != self.last_note:
             self.app.log.warning("tunehub: GPU use not measured: %s", note)
         self.last_note = note
