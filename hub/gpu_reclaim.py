@@ -27,6 +27,7 @@ from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import needs_scope
+from prometheus_client import Counter
 from tornado import web
 from traitlets import Float, List, Unicode, default
 from traitlets.config import Configurable
@@ -40,6 +41,10 @@ ROUTE = r"/api/tunehub/gpu-use/([^/]+)"
 TEMPLATE_VAR = "tunehub_stop_reason"
 MAX_READINGS = 16  # GPUs one report may carry
 MAX_BODY = 64 * 1024  # bytes of one report (kept in the hub's memory)
+
+#: On the hub's own ``/hub/metrics`` (JupyterHub's registry is prometheus_client's default).
+RECLAIMED = Counter("tunehub_gpu_servers_reclaimed",
+                    "Notebook servers stopped because their GPUs stayed unused")
 
 
 class GpuReclaim(Configurable):
@@ -209,6 +214,7 @@ class GpuUseHandler(APIHandler):
                              body.get("note"))
             # Not awaited: the server that asked is the one stopping (its request must end).
             asyncio.ensure_future(self.stop_single_user(user, server))
+            RECLAIMED.inc()
             answer["stopping"] = True
         self.set_status(200)
         self.write(json.dumps(answer))

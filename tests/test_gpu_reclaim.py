@@ -3,7 +3,8 @@ own GPU through the real ``nvidia-ml-py`` loaded on the NVML stand-in, whose fig
 writes. One hub, five GPU servers side by side: an idle one is warned inside JupyterLab (a
 notice in its file browser) and then stopped, with the reason on the person's hub home page;
 one whose GPU has a process on it, one mid-cell, one of an exempt group and one whose GPU is
-lost are never stopped (the lost GPU is reported with the reason)."""
+lost are never stopped (the lost GPU is reported with the reason); bad reports are 400s. Through
+``tunehub up`` (internal TLS), a server without NVML reports why and is kept."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from tornado.ioloop import IOLoop
 
 from hub.notebook import SINGLEUSER_ARGS
 from hub.singleuser.gpu_reclaim import NOTICE, IdleClock, Policy, own_gpus
+from tests import test_gpu_usage
 from tests.hub_fixtures import Platform
-from tests.nvml_standin import GPU_IS_LOST, GiB, StandIn, build
+from tests.nvml_standin import GPU_IS_LOST, GiB, StandIn
 from tests.polling import wait_for
 from tests.service_fixtures import TunerHub, running_tuner_hub
 from tests.test_hub_platform import Hub as HubApi
@@ -29,6 +31,9 @@ from tests.test_hub_platform import _run_busy_cell, login_token
 from tunehub_base.gpu_usage import LOST, NO_LIBRARY, GpuReading
 
 pytestmark = [pytest.mark.slow]
+
+# The stand-in built once per session, with this test's figures file (test_gpu_usage's fixtures).
+nvml_library, standin = test_gpu_usage.nvml_library, test_gpu_usage.standin
 
 WARN, RECLAIM = 8, 8  # seconds: unused before the warning, then before the stop
 PEOPLE = ["ann", "bob", "cat", "dan", "eve"]  # idle, busy, mid-cell, exempt, lost GPU
@@ -57,16 +62,6 @@ c.GpuReclaim.reclaim_after = {reclaim}
 c.GpuReclaim.sample_seconds = 0.5
 c.GpuReclaim.exempt = ["nobody", "group:gpu-vips"]
 """
-
-
-@pytest.fixture(scope="module")
-def nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("nvml"))
-
-
-@pytest.fixture
-def standin(nvml_library: Path, tmp_path: Path) -> StandIn:
-    return StandIn(nvml_library.parent, tmp_path / "nvml-figures")
 
 
 def busy_gpu() -> dict[str, Any]:
@@ -176,6 +171,8 @@ def test_idle_gpu_server_warned_then_stopped_and_the_others_kept(
     page = home_page(hub.url, "ann")
     assert 'id="tunehub-stop-reason"' in page and "give its GPUs back" in page, page[-3000:]
     assert "not used for" in page
+    metrics = api.client.get(f"{hub.url}hub/metrics").text
+    assert "tunehub_gpu_servers_reclaimed_total 1.0" in metrics
 
     # cat: due as well, but a cell runs: warned, never stopped.
     wait_for(lambda: api.report("cat").get("state") == "cell running", timeout=60,
@@ -197,14 +194,11 @@ def test_idle_gpu_server_warned_then_stopped_and_the_others_kept(
     assert other.status_code in (403, 404), other.text
     assert (api.server("bob") or {}).get("ready")
 
-
-def test_bad_reports_are_a_400_naming_the_field(hub: TunerHub) -> None:
-    api = Hub(hub)
-    api.client.post("users/ann")
+    # Bad reports: a 400 naming the field, never a 500.
     for body, field in (([], "body"), ({"readings": "x"}, "readings"),
                         ({"reclaim": "yes"}, "reclaim"), ({"server": "nope"}, "server"),
                         ({"note": "x" * 100_000}, "body")):
-        r = api.client.post("tunehub/gpu-use/ann", json=body)
+        r = api.client.post("tunehub/gpu-use/bob", json=body)
         assert r.status_code == 400 and field in r.json()["message"], (body, r.text)
 
 
