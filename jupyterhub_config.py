@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
-from hub import culler, internal_tls, local_spawner, notebook, scopes, tuner_service
+from hub import culler, gpu_reclaim, internal_tls, local_spawner, notebook, scopes, tuner_service
 from hub.auth import TunehubAuthenticator
 from hub.log_limits import limit_repeats
 from hub.options import TunehubHub
@@ -46,6 +46,8 @@ c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
 c.JupyterHub.template_paths = [str(Path(local_spawner.__file__).parent / "templates")]
 sweeps_url = tuner_service.sweeps_page_url()
 c.JupyterHub.template_vars = {"tunehub_sweeps_url": sweeps_url, "tunehub_accounts": True}
+# Idle GPU servers warned, then stopped with a reason the home page shows (hub/gpu_reclaim.py).
+gpu_reclaim.configure(c)
 
 # A repeated identical error (an EMFILE storm) is written once per interval, with a count.
 limit_repeats("JupyterHub", "tornado", "asyncio")

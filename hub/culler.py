@@ -6,7 +6,9 @@ set by both our local spawner and KubeSpawner): servers of a GPU profile are cul
 ``gpu_timeout`` seconds idle, all others after ``timeout``.
 
 "Idle" is the hub's ``last_activity``, which a notebook server reports while someone uses it and,
-with :mod:`hub.singleuser.busy_activity`, while one of its kernels is busy running a cell.
+with :mod:`hub.singleuser.busy_activity`, while one of its kernels is busy running a cell. A GPU
+server whose GPUs are measured unused is given back sooner, by use rather than by activity:
+:mod:`hub.gpu_reclaim` (same busy rule: never mid-cell).
 """
 
 from __future__ import annotations

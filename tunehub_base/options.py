@@ -114,6 +114,15 @@ SETTINGS: tuple[Setting, ...] = (
             "flagged as not using its GPU", "`120`", value="120"),
     Setting("TUNEHUB_GPU_BUSY_PERCENT", "utilisation (percent) from which a GPU counts as used "
             "even with no process of the holder's on it", "`5`", value="5"),
+    Setting("TUNEHUB_GPU_RECLAIM_WARN_SECONDS", "seconds a notebook server's GPUs may stay "
+            "unused (no process on them, utilisation under `TUNEHUB_GPU_BUSY_PERCENT`) before "
+            "the person is warned inside JupyterLab; 0 turns reclaiming off", "`1800`",
+            value="1800"),
+    Setting("TUNEHUB_GPU_RECLAIM_AFTER_SECONDS", "seconds after that warning, GPUs still unused, "
+            "before the server is stopped and its GPUs given back (never while a cell runs)",
+            "`900`", value="900"),
+    Setting("TUNEHUB_GPU_RECLAIM_EXEMPT", "people (`NAME`) and groups (`group:NAME`), comma "
+            "separated, whose idle GPU servers are never reclaimed", "empty", value=""),
     Setting("TUNEHUB_UNIX_USERS", "`tunehub up`: `1` a system user per person (needs root), `0` "
             "everyone shares the hub's Unix account", "`1` as root, else `0`"),
     Setting("TUNEHUB_UNIX_USER_PREFIX", "login of account `NAME` is `<prefix>NAME`",

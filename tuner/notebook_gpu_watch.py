@@ -5,8 +5,9 @@ the tuner service, the platform's process that already reads those records and N
 those GPUs as it measures its trials' (:class:`tuner.backends.local.gpu_watch.GpuWatch`), and
 keeps the figures with the notebook's holding: so ``tunehub usage`` and the metrics count a
 notebook's GPU-hours *used* beside those allocated, and the pool shows its ``use``. A notebook
-that holds a GPU without using it past the grace period is named in the service's log (giving
-its GPU back is not done here).
+that holds a GPU without using it past the grace period is named in the service's log. Giving
+an idle GPU back is the notebook server's own doing, in both modes (it measures its GPUs itself:
+:mod:`hub.singleuser.gpu_reclaim`, then the hub stops it: :mod:`hub.gpu_reclaim`).
 
 Nothing here reads a person's files: the records are the platform's, NVML is the driver's.
 """

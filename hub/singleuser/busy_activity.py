@@ -7,7 +7,8 @@ which takes the newest of every ``*_last_activity`` entry in the web app's setti
 extension keeps one such entry at "now" while any kernel's execution state is ``busy``.
 
 Enabled in every notebook server by :data:`hub.notebook.SINGLEUSER_ARGS`; being the one
-extension tunehub loads there, it also installs :mod:`hub.singleuser.lab_page`'s page-config hook.
+extension tunehub loads there, it also installs :mod:`hub.singleuser.lab_page`'s page-config hook
+and starts :mod:`hub.singleuser.gpu_reclaim` (GPU servers measure their own GPUs).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 
-from hub.singleuser import lab_page
+from hub.singleuser import gpu_reclaim, lab_page
 
 SETTING = "tunehub_busy_kernels_last_activity"
 ENV_INTERVAL = "TUNEHUB_BUSY_CHECK_SECONDS"
@@ -48,6 +49,9 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         if busy_kernels(serverapp.kernel_manager):
             settings[SETTING] = datetime.now(timezone.utc)
 
+    # The GPUs' use is judged beside: a running cell is never stopped (the same rule).
+    IOLoop.current().add_callback(
+        gpu_reclaim.start, serverapp, lambda: bool(busy_kernels(serverapp.kernel_manager)))
     callback = PeriodicCallback(check, interval * 1000)
     callback.start()
     serverapp.log.info("tunehub: busy kernels count as activity (checked every %ss)", interval)
