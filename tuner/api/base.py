@@ -10,6 +10,7 @@ from typing import Any
 from tornado.web import HTTPError, RequestHandler
 
 from tunehub_base.request_bounds import BodyError, RequestLimits, parse_json
+from tuner.db.outage import RETRY_AFTER_SECONDS, DatabaseUnavailable, unreachable
 from tuner.errors import NotFound, TunehubError
 from tuner.spec import SpecError
 
@@ -61,6 +62,11 @@ class JsonHandler(RequestHandler):
         self.finish(json.dumps(payload, default=str))
 
     def _handle_request_exception(self, e: BaseException) -> None:
+        # The database away for a while: 503, and when to ask again (tuner.db.outage).
+        if unreachable(e) and not self._finished:
+            if not isinstance(e, DatabaseUnavailable):
+                e = DatabaseUnavailable("database unreachable; retry shortly")
+            self.set_header("Retry-After", str(RETRY_AFTER_SECONDS))
         # Domain errors are the caller's mistake: answer their status, not a 500.
         if isinstance(e, TunehubError) and not self._finished:
             log.info("%s %s -> %s: %s", self.request.method, self.request.path, e.status, e)
