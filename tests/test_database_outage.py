@@ -151,7 +151,10 @@ def test_postgres_crash_mid_sweep_loses_nothing(
     err, out = stderr.done(), stdout.done()
     assert cli.returncode == 0, err[-4000:]
     assert "Traceback" not in err, err[-4000:]
+    # Said once in plain words (and once that it is back), not once per request.
     assert err.count(MESSAGE) == 1, err[-4000:]
+    assert "database reachable again" in err, err[-4000:]
+    assert " 503 " not in err, err[-4000:]
     # Trials went on through the outage: they sent reports while the database was down
     # (answered 503 and sent again by the SDK).
     sent = [float(p.read_text()) for p in record.iterdir()]
