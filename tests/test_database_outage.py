@@ -25,8 +25,11 @@ from sqlalchemy import func, select
 
 from tests.conftest import Home
 from tests.polling import wait_for
+from tests.service_fixtures import running_tuner_hub
 from tests.sweeps_helpers import parse_json, record_dir, write_sweep
 from tuner.db import Database, SweepRow, Trial, TrialReport
+
+READ_SUBMIT = ["custom:tuner:read", "custom:tuner:submit", "access:services!service=tuner"]
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 TRIALS, STEPS = 8, 4
@@ -181,3 +184,30 @@ def test_postgres_crash_mid_sweep_loses_nothing(
     for t in study.trials:
         assert sorted(t.intermediate_values) == list(range(1, STEPS + 1)), t
     db.dispose()
+
+
+def test_service_answers_503_while_the_database_is_away(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """The tuner service behind a real hub: during the outage an API call is a 503 with
+    ``Retry-After`` and a JSON error body (never a 500 or a traceback); afterwards the same
+    call works again, with nothing restarted."""
+    with running_tuner_hub(tmp_path, postgres.url) as hub:
+        alice = hub.client(hub.token("alice", READ_SUBMIT))
+        assert alice.get("sweeps").status_code == 200
+        postgres.crash()
+        down = alice.get("sweeps")
+        assert down.status_code == 503, down.text
+        assert int(down.headers["Retry-After"]) > 0
+        body = down.json()
+        assert body["status"] == 503 and "database unreachable" in body["error"], body
+        assert "Traceback" not in down.text
+        postgres.start()
+        wait_for(lambda: alice.get("sweeps").status_code == 200, timeout=120,
+                 what="the API to answer again")
+        # The service's log (in the hub's, with its proxy's) says it once, and that it is over.
+        wait_for(lambda: "database reachable again" in hub.log.read_text(), timeout=60,
+                 what="the service to say the database is back")
+        log = hub.log.read_text()
+        assert log.count(MESSAGE) == 1, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]

@@ -34,6 +34,8 @@ __all__ = [
     "off_the_loop_while_down",
     "RETRY_AFTER_SECONDS",
     "outage_seconds",
+    "note_reachable",
+    "note_unreachable",
     "patient",
     "unreachable",
     "waiting_out_outages",
@@ -125,6 +127,16 @@ def _say(message: str) -> None:
 
 
 _outage = _Outage()
+
+
+def note_unreachable() -> None:
+    """The database was found unreachable (said once per outage)."""
+    _outage.failed()
+
+
+def note_reachable() -> None:
+    """The database answered (the outage, if one was said, is said to be over)."""
+    _outage.succeeded()
 
 
 @contextmanager
