@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ __all__ = [
     "DatabaseUnavailable",
     "off_the_loop_while_down",
     "RETRY_AFTER_SECONDS",
-    "outage_seconds",
+    "OUTAGE_SECONDS",
     "note_reachable",
     "note_unreachable",
     "patient",
@@ -45,8 +44,8 @@ log = logging.getLogger("tunehub.db")
 
 #: What a 503 tells the client to wait before it asks again.
 RETRY_AFTER_SECONDS = 2
-#: How long a waiting caller waits in all before it gives up (``TUNEHUB_DB_OUTAGE_SECONDS``).
-DEFAULT_OUTAGE_SECONDS = 900.0
+#: How long a waiting caller waits in all before it gives up and reports the outage.
+OUTAGE_SECONDS = 900.0
 _FIRST_DELAY, _MAX_DELAY = 0.5, 5.0
 
 P = ParamSpec("P")
@@ -59,14 +58,6 @@ class DatabaseUnavailable(TunehubError):
     """The database cannot be reached now; the same request may work in a moment."""
 
     status = 503
-
-
-def outage_seconds() -> float:
-    """How long a waiting caller waits for the database before it reports the outage."""
-    try:
-        return float(os.environ.get("TUNEHUB_DB_OUTAGE_SECONDS", DEFAULT_OUTAGE_SECONDS))
-    except ValueError:
-        return DEFAULT_OUTAGE_SECONDS
 
 
 def unreachable(exc: BaseException | None) -> bool:
@@ -181,10 +172,10 @@ def patient(fn: Callable[P, R]) -> Callable[P, R]:
                 if not _waits.get():
                     raise DatabaseUnavailable("database unreachable; retry shortly") from exc
                 if deadline is None:
-                    deadline = time.monotonic() + outage_seconds()
+                    deadline = time.monotonic() + OUTAGE_SECONDS
                 if time.monotonic() > deadline:
                     raise DatabaseUnavailable(
-                        f"database unreachable for over {outage_seconds():.0f} s") from exc
+                        f"database unreachable for over {OUTAGE_SECONDS:.0f} s") from exc
                 time.sleep(delay)  # backoff between retries of a lost connection
                 delay = min(delay * 2, _MAX_DELAY)
                 continue
