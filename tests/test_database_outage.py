@@ -28,6 +28,7 @@ from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
 from tests.sweeps_helpers import parse_json, record_dir, write_sweep
 from tuner.db import Database, SweepRow, Trial, TrialReport
+from tuner.sdk.client import TunerClient
 
 READ_SUBMIT = ["custom:tuner:read", "custom:tuner:submit", "access:services!service=tuner"]
 
@@ -202,7 +203,26 @@ def test_service_answers_503_while_the_database_is_away(
         body = down.json()
         assert body["status"] == 503 and "database unreachable" in body["error"], body
         assert "Traceback" not in down.text
+        # The notebook client sends its call again while it gets 503s: it returns once the
+        # database is back, with the answer.
+        client = TunerClient(url=f"{hub.url}services/tuner", token=hub.token("alice", READ_SUBMIT))
+        answers: list[object] = []
+
+        def call() -> None:
+            try:
+                answers.append(client.request("GET", "sweeps"))
+            except Exception as exc:  # (shown by the assertion below)
+                answers.append(exc)
+
+        waiting = threading.Thread(target=call)
+        waiting.start()
+        refused = "GET /services/tuner/api/v1/sweeps -> 503"  # the service's log, per answer
+        wait_for(lambda: answers or hub.log.read_text().count(refused) >= 3,
+                 timeout=60, what="the client's call answered 503 twice")
+        assert not answers, answers
         postgres.start()
+        waiting.join(timeout=120)
+        assert answers == [[]], answers
         wait_for(lambda: alice.get("sweeps").status_code == 200, timeout=120,
                  what="the API to answer again")
         # The service's log (in the hub's, with its proxy's) says it once, and that it is over.
