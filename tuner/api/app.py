@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import tornado.web
+from tornado.log import access_log
 
 from tunehub_base.request_bounds import BoundedApplication, RequestLimits
 from tuner.api.base import NotFoundHandler
@@ -43,4 +44,22 @@ def make_app(
         settings["cookie_secret"] = cookie_secret
     # Any other path: a JSON 404 like every API error, not tornado's HTML page.
     settings["default_handler_class"] = NotFoundHandler
+    settings["log_function"] = log_request
     return BoundedApplication(routes, **settings)
+
+
+def log_request(handler: tornado.web.RequestHandler) -> None:
+    """Tornado's access log (info, warning for a 4xx, error for a 5xx), except that a 503
+    (the database away: every call answers it until it is back, and :mod:`tuner.db.outage`
+    has said so once) is a debug line, not an error per request."""
+    status = handler.get_status()
+    if status == 503:
+        log = access_log.debug
+    elif status < 400:
+        log = access_log.info
+    elif status < 500:
+        log = access_log.warning
+    else:
+        log = access_log.error
+    log("%d %s %.2fms", status, handler._request_summary(),
+        1000.0 * handler.request.request_time())

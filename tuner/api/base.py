@@ -10,6 +10,13 @@ from typing import Any
 from tornado.web import HTTPError, RequestHandler
 
 from tunehub_base.request_bounds import BodyError, RequestLimits, parse_json
+from tuner.db.outage import (
+    RETRY_AFTER_SECONDS,
+    DatabaseUnavailable,
+    note_reachable,
+    note_unreachable,
+    unreachable,
+)
 from tuner.errors import NotFound, TunehubError
 from tuner.spec import SpecError
 
@@ -61,6 +68,11 @@ class JsonHandler(RequestHandler):
         self.finish(json.dumps(payload, default=str))
 
     def _handle_request_exception(self, e: BaseException) -> None:
+        # The database away for a while: 503, and when to ask again (tuner.db.outage).
+        if unreachable(e) and not self._finished:
+            note_unreachable()
+            if not isinstance(e, DatabaseUnavailable):
+                e = DatabaseUnavailable("database unreachable; retry shortly")
         # Domain errors are the caller's mistake: answer their status, not a 500.
         if isinstance(e, TunehubError) and not self._finished:
             log.info("%s %s -> %s: %s", self.request.method, self.request.path, e.status, e)
@@ -68,9 +80,15 @@ class JsonHandler(RequestHandler):
             return
         super()._handle_request_exception(e)
 
+    def on_finish(self) -> None:
+        if self.get_status() < 500:  # answered: the database, if it was away, is back
+            note_reachable()
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         body: dict[str, Any] = {"status": status_code}
+        if isinstance(exc, DatabaseUnavailable):  # (send_error cleared the headers before)
+            self.set_header("Retry-After", str(RETRY_AFTER_SECONDS))
         if isinstance(exc, ApiError):
             body["error"] = exc.message
             if exc.field:

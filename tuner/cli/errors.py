@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from tuner.db.outage import DatabaseUnavailable, unreachable
 from tuner.errors import TunehubError
 
 EXIT_BAD_INPUT = 2
@@ -30,4 +31,11 @@ def run_guarded(action: Callable[[], int | None]) -> int:
         return exc.code
     except TunehubError as exc:
         print(f"tunehub: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_FAILED if isinstance(exc, DatabaseUnavailable) else EXIT_BAD_INPUT
+    except Exception as exc:
+        if not unreachable(exc):
+            raise
+        # Waited out where waiting is right (a sweep's controller); a plain command that
+        # finds the database away says so in one line.
+        print("tunehub: error: database unreachable; try again shortly", file=sys.stderr)
+        return EXIT_FAILED

@@ -22,6 +22,7 @@ from tuner.cli.render import (
     summary_line,
     sweeps_table,
 )
+from tuner.db.outage import patient, waiting_out_outages
 from tuner.lifecycle.states import SweepState, TrialState
 from tuner.runtime import LocalRuntime
 from tuner.spec import SweepSpec
@@ -143,15 +144,22 @@ def start_detached(sweep_id: int) -> int:
 def drive(sweep_id: int, backend: str, as_json: bool = False, quiet: bool = False) -> int:
     """Run the sweep's controller in this process until the sweep ends."""
     settings, db, local = context.settings(), context.database(), LocalOps()
+    # The sweep outlives a database outage in this process: its controller and the
+    # progress bar wait it out (tuner.db.outage), saying so once; the trials' reports to
+    # this process's API get a 503 meanwhile, and their SDK sends them again.
+    def read() -> dict[str, Any]:
+        with waiting_out_outages():
+            return patient(local.get)(sweep_id)
 
     async def main() -> str:
         async with LocalRuntime(settings, db, [backend]) as engine:
             task = engine.run_sweep(sweep_id)
-            await progress_until(task, lambda: local.get(sweep_id), quiet=quiet or as_json)
+            await progress_until(task, read, quiet=quiet or as_json)
             return task.result()
 
     state = asyncio.run(main())
-    _final(local, sweep_id, as_json, quiet)
+    with waiting_out_outages():
+        patient(_final)(local, sweep_id, as_json, quiet)
     return 0 if state == SweepState.COMPLETED else EXIT_FAILED
 
 

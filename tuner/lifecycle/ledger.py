@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from tuner import metrics
 from tuner.db import Database, SweepRow, Trial, TrialReport, utcnow
+from tuner.db.outage import patient
 from tuner.errors import Conflict, NotFound
 from tuner.lifecycle.liveness import controller_alive, is_mine, this_process
 from tuner.lifecycle.states import (
@@ -105,6 +106,7 @@ class Ledger:
 
     # --- reading -------------------------------------------------------------------------
 
+    @patient
     def sweep(self, sweep_id: int) -> SweepRow:
         with self.db.session() as s:
             sweep = s.get(SweepRow, sweep_id)
@@ -112,12 +114,14 @@ class Ledger:
                 raise NotFound(f"sweep {sweep_id} not found")
             return sweep
 
+    @patient
     def trials(self, sweep_id: int) -> list[Trial]:
         with self.db.session() as s:
             return list(s.scalars(select(Trial).where(Trial.sweep_id == sweep_id)))
 
     # --- sweeps --------------------------------------------------------------------------
 
+    @patient
     def claim(self, sweep_id: int) -> SweepState:
         """Make this process the sweep's controller, unless a live one already is; returns
         the sweep's state (``cancelling`` when a cancel waits for the new controller)."""
@@ -139,6 +143,7 @@ class Ledger:
             sweep.started_at = sweep.started_at or utcnow()
             return sweep.state
 
+    @patient
     def heartbeat(self, sweep_id: int) -> SweepState | None:
         """The controller is alive; returns the sweep's state (a cancel asked elsewhere shows
         as ``cancelling``), None when the sweep is gone."""
@@ -149,6 +154,7 @@ class Ledger:
             sweep.heartbeat_at = utcnow()
             return sweep.state
 
+    @patient
     def mark_cancelling(self, sweep_id: int, runs_here: bool = False) -> bool:
         """Mark the sweep ``cancelling`` for its live controller to stop it; False when none
         runs it (then :meth:`end_sweep` cancels it here). ``runs_here``: this process hosts
@@ -162,10 +168,12 @@ class Ledger:
             sweep.state = check_sweep(sweep.state, SweepState.CANCELLING)
             return True
 
+    @patient
     def note_cold_start(self, sweep_id: int, cold: str | None) -> None:
         with self.db.session() as s:
             _sweep(s, sweep_id).cold_start = cold
 
+    @patient
     def note(self, sweep_id: int, reason: str, model_version_id: int | None = None) -> None:
         """Say something about an ended sweep (what became of its model)."""
         with self.db.session() as s:
@@ -174,6 +182,7 @@ class Ledger:
             if model_version_id is not None:
                 sweep.model_version_id = model_version_id
 
+    @patient
     def release(self, sweep_id: int) -> None:
         """This process stops controlling the sweep without ending it (shutdown): the next
         controller may claim it at once."""
@@ -189,6 +198,20 @@ class Ledger:
         sweep takes the state ``decide`` gives for its counters. After the commit, Optuna is
         told each cancelled trial failed (it has no cancelled state). The controller's end and
         the offline cancel are both this."""
+        state, cancelled = self._write_end(sweep_id, decide, trials_reason)
+        if cancelled:
+            study = teller()
+            for number in cancelled:
+                tell_quietly(study, number, TrialState.CANCELLED, None)
+        metrics.SWEEPS_FINISHED.labels(state).inc()
+        return state
+
+    @patient
+    def _write_end(
+        self, sweep_id: int, decide: Decide, trials_reason: str
+    ) -> tuple[SweepState, list[int]]:
+        """:meth:`end_sweep`'s transaction: the state, and the numbers of the trials it
+        cancelled."""
         with self.db.session() as s:
             sweep = _sweep(s, sweep_id, lock=True)
             open_trials = s.scalars(
@@ -206,15 +229,11 @@ class Ledger:
             sweep.reason = reason
             sweep.finished_at = utcnow()
             sweep.controller_pid = None
-        if cancelled:
-            study = teller()
-            for number in cancelled:
-                tell_quietly(study, number, TrialState.CANCELLED, None)
-        metrics.SWEEPS_FINISHED.labels(state).inc()
-        return state
+        return state, cancelled
 
     # --- trials --------------------------------------------------------------------------
 
+    @patient
     def add_trial(
         self, sweep_id: int, number: int, optuna_trial_id: int, params: dict[str, Any],
         paths: TrialPaths,
@@ -235,6 +254,7 @@ class Ledger:
             s.flush()
             return row.id
 
+    @patient
     def start_attempt(self, sweep_id: int, trial_id: int, token_hash: str) -> AttemptStart:
         """The trial's next attempt starts (pending → running) with a fresh token."""
         with self.db.session() as s:
@@ -263,6 +283,7 @@ class Ledger:
                 preemptions=row.preemptions or 0,
             )
 
+    @patient
     def record_report(self, trial_id: int, step: int, value: float) -> None:
         """An intermediate value (a report at a step already reported replaces it): the
         trial's row and the report's, two statements by key in one transaction, nothing read
@@ -281,6 +302,7 @@ class Ledger:
                 set_={"value": report.excluded.value},
             ))
 
+    @patient
     def set_reasons(self, reasons: dict[int, str | None]) -> None:
         """Say why each trial (by id) is where it is (waiting for a quota, restarted), or
         clear it (None); not a state change."""
@@ -288,6 +310,7 @@ class Ledger:
             for trial_id, reason in reasons.items():
                 _trial(s, trial_id).reason = reason
 
+    @patient
     def requeue(self, trial_ids: Sequence[int], reason: str, preempted: bool = False) -> None:
         """Running → pending: a failed attempt with retries left, attempts that died with
         their controller, or (``preempted``) an attempt the GPU pool stopped for a notebook,
@@ -314,6 +337,19 @@ class Ledger:
     ) -> Counts:
         """The trial ends in ``state``: its row, the sweep's counters and best trial, then
         Optuna. Returns the counters as written."""
+        number, counts = self._write_finish(sweep_id, trial_id, state, value, reason, has_model,
+                                            direction)
+        metrics.TRIALS_FINISHED.labels(state).inc()
+        tell_quietly(teller, number, state, value)
+        return counts
+
+    @patient
+    def _write_finish(
+        self, sweep_id: int, trial_id: int, state: TrialState, value: float | None,
+        reason: str | None, has_model: bool, direction: str,
+    ) -> tuple[int, Counts]:
+        """:meth:`finish_trial`'s transaction (retried alone through an outage: the tell
+        after it is not part of it)."""
         with self.db.session() as s:
             row = _trial(s, trial_id)
             sweep = _sweep(s, sweep_id)
@@ -330,11 +366,9 @@ class Ledger:
             if (state == TrialState.COMPLETED and value is not None
                     and is_better(value, sweep.best_value, direction)):
                 sweep.best_value, sweep.best_trial_number = value, number
-            counts = Counts.of(sweep)
-        metrics.TRIALS_FINISHED.labels(state).inc()
-        tell_quietly(teller, number, state, value)
-        return counts
+            return number, Counts.of(sweep)
 
+    @patient
     def adopt_outcome(self, trial_id: int, state: TrialState, value: float | None) -> None:
         """Recovery: Optuna already holds this unfinished trial's outcome; our row takes it."""
         with self.db.session() as s:
@@ -344,6 +378,7 @@ class Ledger:
             row.finished_at = row.finished_at or utcnow()
             row.token_hash = None
 
+    @patient
     def recount(self, sweep_id: int) -> Counts:
         """Recovery: the sweep's counters counted from its trials, after outcomes were adopted
         from Optuna (:meth:`adopt_outcome` leaves the counters to this) and whatever an

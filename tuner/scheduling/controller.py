@@ -42,6 +42,7 @@ from tuner.backends._base import (
     not_fully_warm,
 )
 from tuner.db import Database
+from tuner.db.outage import off_the_loop_while_down, waiting_out_outages
 from tuner.errors import Conflict, Unauthorized
 from tuner.lifecycle.ledger import Counts, Ledger
 from tuner.lifecycle.liveness import HEARTBEAT_SECONDS
@@ -190,6 +191,13 @@ class SweepController:
     # --- the loop ------------------------------------------------------------------------
 
     async def run(self) -> SweepState:
+        # A controller waits out a database outage (tuner.db.outage): its ledger calls, its
+        # heartbeat and its worker threads retry with backoff, its running trials go on,
+        # and their reports wait for it (the SDK retries a 503).
+        with waiting_out_outages():
+            return await self._run()
+
+    async def _run(self) -> SweepState:
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat())
         try:
             # Reading a resumed sweep's whole study takes a while (about a second at 10,000
@@ -242,7 +250,7 @@ class SweepController:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)  # a periodic timer, not synchronisation
-            state = self.ledger.heartbeat(self.sweep_id)
+            state = await off_the_loop_while_down(self.ledger.heartbeat, self.sweep_id)
             if state is None:
                 return
             if state == SweepState.CANCELLING and not self.cancel_requested:
@@ -361,11 +369,12 @@ class SweepController:
     async def _launch(self, trial_id: int) -> None:
         launched_at, began = time.time(), time.perf_counter()
         token, token_hash = new_token()
-        start = self.ledger.start_attempt(self.sweep_id, trial_id, token_hash)
+        start = await off_the_loop_while_down(self.ledger.start_attempt, self.sweep_id,
+                                              trial_id, token_hash)
         self.numbers[trial_id] = start.number
         if trial_id == self.owner_queued:  # its wait is over
             self.owner_queued = None
-            self.ledger.set_reasons({trial_id: None})
+            await off_the_loop_while_down(self.ledger.set_reasons, {trial_id: None})
         prepare_workdir(start.paths, self.code_dir)
         write_attempt_header(start.paths.log_path, start.number, start.attempt,
                              start.previous_reason)
@@ -442,16 +451,17 @@ class SweepController:
             return  # an old attempt's late news
         if not event.final:
             if event.kind == EventKind.STARTED:
-                self._note_start(event.reason)
-            self._waiting(rt, event)
+                await self._note_start(event.reason)
+            await self._waiting(rt, event)
             return
         self.running.pop(event.trial_id)
-        self._note_warmth(event)
+        await self._note_warmth(event)
         await self._start_ready()
         if event.kind == EventKind.PREEMPTED and not rt.pruned and not self.cancel_requested:
             # Back to the queue, first in this sweep's line: same number and parameters, its
             # checkpoint kept; not failed, and not a retry (Running.retries_used).
-            self.ledger.requeue([rt.trial_id], event.reason, preempted=True)
+            await off_the_loop_while_down(self.ledger.requeue, [rt.trial_id], event.reason,
+                                          preempted=True)
             self.relaunch.appendleft(rt.trial_id)
             metrics.TRIALS_PREEMPTED.inc()
             return
@@ -459,7 +469,8 @@ class SweepController:
         if state != TrialState.FAILED or reason is None:  # (a failure always has a reason)
             await self._finish_trial(rt, state, value, reason)
         elif rt.retries_used <= self.spec.max_retries and not self.cancel_requested:
-            self.ledger.requeue([rt.trial_id], reason)  # retried: pending again
+            # retried: pending again
+            await off_the_loop_while_down(self.ledger.requeue, [rt.trial_id], reason)
             self.relaunch.append(rt.trial_id)
         else:
             await self._finish_trial(rt, state, None, reason)
@@ -479,7 +490,7 @@ class SweepController:
                 f"exited 0 without reporting {self.spec.metric} (call tuner.report)")
         return TrialState.FAILED, None, event.reason or str(event.kind)
 
-    def _note_start(self, how: str) -> None:
+    async def _note_start(self, how: str) -> None:
         """A cold start is shown on the sweep (``sweep show``, the API) with its reason,
         once: it makes every trial seconds slower, and nothing else would say so. A warm
         start does not clear a note that trials were not fully warm (:meth:`_note_warmth`):
@@ -489,9 +500,9 @@ class SweepController:
             return
         if cold != self.cold_start:
             self.cold_start = cold
-            self.ledger.note_cold_start(self.sweep_id, cold)
+            await off_the_loop_while_down(self.ledger.note_cold_start, self.sweep_id, cold)
 
-    def _note_warmth(self, event: TrialEvent) -> None:
+    async def _note_warmth(self, event: TrialEvent) -> None:
         """A warm-started trial that imported packages itself after its start makes the
         sweep's note say so, naming them (all named so far); a cold start's note stays."""
         late = event.imported_after_start
@@ -501,7 +512,7 @@ class SweepController:
         note = not_fully_warm(list(self.late_imports)[:MAX_NOTED_IMPORTS])
         if note != self.cold_start:
             self.cold_start = note
-            self.ledger.note_cold_start(self.sweep_id, note)
+            await off_the_loop_while_down(self.ledger.note_cold_start, self.sweep_id, note)
 
     def _check_failures(self, rt: Running, reason: str) -> None:
         """Keep the last failure's cause for the user, and stop the sweep once
@@ -543,7 +554,7 @@ class SweepController:
             waiting.append(self.ready)
         return waiting[:free]
 
-    def _waiting(self, rt: Running, event: TrialEvent) -> None:
+    async def _waiting(self, rt: Running, event: TrialEvent) -> None:
         """A running trial that cannot start yet shows why in its reason (``sweep show``, the
         API) until it starts."""
         if event.kind == EventKind.WAITING:
@@ -553,7 +564,7 @@ class SweepController:
         else:
             return
         rt.waiting = reason is not None
-        self.ledger.set_reasons({rt.trial_id: reason})
+        await off_the_loop_while_down(self.ledger.set_reasons, {rt.trial_id: reason})
 
     async def _finish_trial(
         self, rt: Running, state: TrialState, value: float | None, reason: str | None
@@ -616,7 +627,9 @@ class SweepController:
     async def _finish(self) -> SweepState:
         await self.asked_ahead()
         why = SWEEP_CANCELLED if self.stop_reason is None else SWEEP_STOPPED
-        state = self.ledger.end_sweep(self.sweep_id, self._decide, why, lambda: self.study)
+        # In a thread: an outage at the end is waited out without stopping the loop.
+        state = await asyncio.to_thread(
+            self.ledger.end_sweep, self.sweep_id, self._decide, why, lambda: self.study)
         if state == SweepState.COMPLETED and self.spec.promote is not None:
             origin = SweepOrigin(self.sweep_id, self.owner, self.spec, self.code_dir)
             # Copying and checking a model (up to TUNEHUB_MODEL_MAX_BYTES) is file work: off

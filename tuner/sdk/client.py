@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import builtins  # `list` names a method of a class below: its annotations say builtins.list
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +23,11 @@ from tuner.errors import Conflict, Forbidden, NotFound, TunehubError, Unauthoriz
 from tuner.lifecycle.states import SweepState, TrialState, trials_done
 from tuner.sdk.run_function import COMMAND as FUNCTION_COMMAND
 from tuner.spec import SpecError, SweepSpec
+
+log = logging.getLogger("tunehub.client")
+
+#: How long a request is sent again while the tuner answers 503 (its database away).
+UNAVAILABLE_RETRY_SECONDS = 300.0
 
 _ERRORS: dict[int, type[TunehubError]] = {
     401: Unauthorized,
@@ -49,10 +55,7 @@ class TunerClient:
                                  verify=api_context() or True)
 
     def request(self, method: str, path: str, json: Any = None) -> Any:
-        try:
-            response = self.http.request(method, self.url + path.lstrip("/"), json=json)
-        except httpx.HTTPError as exc:
-            raise TunehubError(f"cannot reach the tuner at {self.url}: {exc}") from None
+        response = self._send(method, path, json)
         if response.status_code >= 400:
             try:
                 body = response.json()
@@ -66,6 +69,31 @@ class TunerClient:
             return response.json()
         return response.text
 
+
+
+    def _send(self, method: str, path: str, json: Any) -> httpx.Response:
+        """One request, sent again while the tuner answers 503 (its database is away for a
+        while) for up to ``UNAVAILABLE_RETRY_SECONDS``, after its ``Retry-After``; the wait
+        is said once."""
+        deadline = time.monotonic() + UNAVAILABLE_RETRY_SECONDS
+        delay, said = 0.5, False
+        while True:
+            try:
+                response = self.http.request(method, self.url + path.lstrip("/"), json=json)
+            except httpx.HTTPError as exc:
+                raise TunehubError(f"cannot reach the tuner at {self.url}: {exc}") from None
+            if response.status_code != 503 or time.monotonic() > deadline:
+                return response
+            if not said:
+                said = True
+                log.warning("the tuner's database is unreachable since %s, retrying",
+                            time.strftime("%H:%M:%S"))
+            try:
+                delay = max(delay, float(response.headers.get("Retry-After", delay)))
+            except ValueError:
+                pass
+            time.sleep(min(delay, 10.0))  # backoff between retries of an unavailable service
+            delay = min(delay * 2, 10.0)
 
 
 class SweepPlots(dict[str, Any]):

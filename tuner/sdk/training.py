@@ -42,6 +42,9 @@ ENV_API_SOCKET = "TUNEHUB_API_SOCKET"
 
 # How long a report keeps retrying an unreachable controller before giving up on that report.
 REPORT_RETRY_SECONDS = 60.0
+# How long it keeps retrying while the tuner answers 503 (its database is away, a restart or
+# a failover): the trial's results must not be lost to an outage of a few minutes.
+REPORT_OUTAGE_SECONDS = 900.0
 
 
 class Pruned(Exception):
@@ -169,7 +172,8 @@ def _post(path: str, body: dict[str, Any]) -> dict[str, Any]:
         "Authorization": f"Bearer {os.environ.get(ENV_TOKEN, '')}",
     }
     send = _sender(os.environ.get(ENV_API_SOCKET), api_context())
-    deadline = time.monotonic() + REPORT_RETRY_SECONDS
+    started = time.monotonic()
+    deadline = started + REPORT_RETRY_SECONDS
     delay = 0.2
     while True:
         try:
@@ -180,6 +184,8 @@ def _post(path: str, body: dict[str, Any]) -> dict[str, Any]:
                 detail = answer.decode(errors="replace")
                 raise RuntimeError(f"tunehub refused the report ({status}): {detail}")
             error: Exception = RuntimeError(f"HTTP {status}")
+            if status == 503:  # the tuner is up, its database is not: wait for it longer
+                deadline = max(deadline, started + REPORT_OUTAGE_SECONDS)
         except (OSError, TimeoutError, _TransportError) as exc:
             error = exc
         if time.monotonic() > deadline:

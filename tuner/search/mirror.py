@@ -42,6 +42,7 @@ from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage, InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.db.outage import DatabaseUnavailable, patient
 from tuner.search.optuna_adapter import trial_for
 from tuner.search.pruning import EnoughTrialsPruner
 from tuner.search.sampling_view import BoundedPruner, BoundedTPE
@@ -75,12 +76,14 @@ class MirroredTrial:
         self.number = number
         self.trial_id = trial_id
         self._memory: optuna.trial.Trial | None = None
-        self._steps: set[int] = set()  # steps the trial has a value for
+        self._steps: set[int] = set()  # steps the trial has a value for, in both studies
+        self._in_memory: set[int] = set()  # steps reported to the memory study by this trial
 
     def _trial(self) -> optuna.trial.Trial:
         if self._memory is None:
             self._memory = self.mirror.memory_trial(self.number)
             self._steps = set(self.mirror.memory_frozen(self.number).intermediate_values)
+            self._in_memory = set(self._steps)
         return self._memory
 
     def report(self, value: float, step: int) -> None:
@@ -91,10 +94,14 @@ class MirroredTrial:
                 # (a retry, or a rerun after its controller died) repeats its steps: drop
                 # them here, before Optuna's warning for each lands in the controller's log.
                 return
-            memory.report(value, step)
-            self._steps.add(step)
+            if step not in self._in_memory:
+                memory.report(value, step)
+                self._in_memory.add(step)
+            # A write lost to a database outage raises here, the memory study already
+            # holding the step: the report, sent again, writes it then.
             self.mirror.write(self.mirror.storage.set_trial_intermediate_value,
                               self.trial_id, step, float(value))
+            self._steps.add(step)
 
     def should_prune(self) -> bool:
         with self.mirror.lock:
@@ -167,11 +174,11 @@ class StudyMirror:
             if self._pruner_view is not None:
                 self._pruner_view.started(trial.number)
             frozen = self._memory_storage.get_trial(self.memory_trial_id(trial.number))
-            trial_id = self._storage.create_new_trial(self._db_study_id, template_trial=frozen)
+            trial_id = self.write(self._storage.create_new_trial, self._db_study_id, frozen)
             number = trial.number
             # One indexed read says whether the database numbered it the same (else another
             # writer added trials: rebuild).
-            if self._storage.get_trial_id_from_study_id_trial_number(
+            if patient(self._storage.get_trial_id_from_study_id_trial_number)(
                     self._db_study_id, number) != trial_id:
                 number = self._storage.get_trial(trial_id).number
                 log.warning(
@@ -217,9 +224,14 @@ class StudyMirror:
 
     def write(self, method: Callable[..., Any], *args: Any) -> Any:
         """A write to the database study after the memory one: if it fails, the memory study
-        is rebuilt from the database so the two never disagree."""
+        is rebuilt from the database so the two never disagree. An unreachable database is
+        waited out by a controller (:mod:`tuner.db.outage`); a request handler's write raises
+        :class:`~tuner.db.outage.DatabaseUnavailable` with the memory study ahead, and the
+        request, sent again, writes it."""
         try:
-            return method(*args)
+            return patient(method)(*args)
+        except DatabaseUnavailable:
+            raise
         except Exception:
             self.rebuild()
             raise

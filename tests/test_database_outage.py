@@ -1,0 +1,233 @@
+"""The database goes away in the middle of a sweep and comes back: nothing is lost.
+
+A PostgreSQL of the test's own (``initdb`` and ``pg_ctl`` in a temporary directory, on a free
+port; never the machine's shared one) is crashed with ``pg_ctl stop -m immediate`` while a
+sweep run from the CLI has trials completed and trials running, kept down for a while, and
+started again. The CLI says so once in plain words, never a traceback; the sweep ends with
+exactly its trials, each number once, every report landed, and Optuna's study equal to ours.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import pytest
+from sqlalchemy import func, select
+
+from tests.conftest import Home
+from tests.polling import wait_for
+from tests.service_fixtures import running_tuner_hub
+from tests.sweeps_helpers import parse_json, record_dir, write_sweep
+from tuner.db import Database, SweepRow, Trial, TrialReport
+from tuner.sdk.client import TunerClient
+
+READ_SUBMIT = ["custom:tuner:read", "custom:tuner:submit", "access:services!service=tuner"]
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+TRIALS, STEPS = 8, 4
+#: How long the database stays down once the sweep has noticed (the fault's length).
+OUTAGE_SECONDS = 10.0
+MESSAGE = "database unreachable since"
+
+# A trial that reports several steps; before each report it leaves a mark (the test sees
+# reports being sent while the database is down).
+TRAIN = f"""
+import os, time, tuner
+p = tuner.params()
+n = os.environ["TUNEHUB_TRIAL_NUMBER"]
+for step in range(1, {STEPS + 1}):
+    time.sleep(0.4)  # the workload: an epoch
+    with open(os.path.join(os.environ["RECORD_DIR"], f"{{n}}-{{step}}"), "w") as f:
+        f.write(str(time.time()))
+    tuner.report(p["x"] * 10 + step, step=step)
+"""
+
+
+@dataclass
+class Postgres:
+    """A PostgreSQL server of the test's own, run as the ``postgres`` user (it refuses root)."""
+
+    root: Path
+    port: int
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _pg(self, *args: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True,
+                       capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        self._pg(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"),
+                 "-w", "-t", "60", "start", "-o",
+                 f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                 "-c fsync=off")
+
+    def crash(self) -> None:
+        self._pg(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", "stop", "-m", "immediate")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def postgres() -> Iterator[Postgres]:
+    root = Path(tempfile.mkdtemp(prefix="tunehub-pg-"))
+    shutil.chown(root, "postgres", "postgres")
+    pg = Postgres(root, _free_port())
+    pg._pg(str(PG_BIN / "initdb"), "-D", str(pg.data), "-A", "trust", "-U", "postgres",
+           "--no-sync")
+    pg.start()
+    yield pg
+    subprocess.run(["runuser", "-u", "postgres", "--", str(PG_BIN / "pg_ctl"), "-D",
+                    str(pg.data), "stop", "-m", "immediate"], capture_output=True, timeout=120)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+class Output:
+    """A process's stream read as it comes (the test waits on what the CLI says)."""
+
+    def __init__(self, stream: object) -> None:
+        self.text = ""
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.text += line
+
+    def done(self) -> str:
+        self._thread.join(timeout=60)
+        return self.text
+
+
+def test_postgres_crash_mid_sweep_loses_nothing(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    home = Home(tmp_path / "home", postgres.url)
+    record = record_dir(home, tmp_path)
+    spec = write_sweep(tmp_path / "code", TRAIN, trials=TRIALS, parallelism=2, max_retries=0,
+                       sampler="random")
+    db = Database(postgres.url)
+
+    def trials() -> list[Trial]:
+        with db.session() as s:
+            return list(s.scalars(select(Trial)))
+
+    cli = home.popen("sweep", "run", str(spec), "--wait", "--json")
+    stdout, stderr = Output(cli.stdout), Output(cli.stderr)
+    try:
+        wait_for(lambda: sum(t.state == "completed" for t in trials()) >= 2
+                 and any(t.state == "running" for t in trials()),
+                 timeout=300, what="two completed trials and one running")
+        db.dispose()
+        postgres.crash()
+        crashed_at = time.time()
+        # Down until the CLI has said so and the outage has lasted its length.
+        wait_for(lambda: MESSAGE in stderr.text, timeout=120, what="the CLI's message")
+        wait_for(lambda: time.time() > crashed_at + OUTAGE_SECONDS, timeout=OUTAGE_SECONDS + 5,
+                 what="the outage's length")
+        assert cli.poll() is None, stderr.text[-3000:]
+        postgres.start()
+        restarted_at = time.time()
+        cli.wait(timeout=600)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    err, out = stderr.done(), stdout.done()
+    assert cli.returncode == 0, err[-4000:]
+    assert "Traceback" not in err, err[-4000:]
+    # Said once in plain words (and once that it is back), not once per request.
+    assert err.count(MESSAGE) == 1, err[-4000:]
+    assert "database reachable again" in err, err[-4000:]
+    assert " 503 " not in err, err[-4000:]
+    # Trials went on through the outage: they sent reports while the database was down
+    # (answered 503 and sent again by the SDK).
+    sent = [float(p.read_text()) for p in record.iterdir()]
+    assert any(crashed_at < t < restarted_at for t in sent), (crashed_at, sorted(sent))
+    result = parse_json(out)
+    assert result["state"] == "completed", result
+    detail = result["trials_detail"]
+    assert sorted(t["number"] for t in detail) == list(range(TRIALS)), detail
+    assert all(t["state"] == "completed" for t in detail), detail
+    # Trials running through the outage kept running: none was started again.
+    assert all(t["attempts"] == 1 for t in detail), detail
+
+    ours = {t["number"]: t["value"] for t in detail}
+    with db.session() as s:
+        sweep = s.get(SweepRow, result["id"])
+        assert sweep is not None
+        study_name = sweep.study_name
+        reports = s.execute(select(func.count()).select_from(TrialReport)).scalar_one()
+    assert reports == TRIALS * STEPS  # every report landed, once per step
+    study = optuna.load_study(study_name=study_name, storage=postgres.url)
+    assert len(study.trials) == TRIALS
+    assert {t.number: t.value for t in study.trials} == ours
+    assert {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
+    for t in study.trials:
+        assert sorted(t.intermediate_values) == list(range(1, STEPS + 1)), t
+    db.dispose()
+
+
+def test_service_answers_503_while_the_database_is_away(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """The tuner service behind a real hub: during the outage an API call is a 503 with
+    ``Retry-After`` and a JSON error body (never a 500 or a traceback); afterwards the same
+    call works again, with nothing restarted."""
+    with running_tuner_hub(tmp_path, postgres.url) as hub:
+        alice = hub.client(hub.token("alice", READ_SUBMIT))
+        assert alice.get("sweeps").status_code == 200
+        postgres.crash()
+        down = alice.get("sweeps")
+        assert down.status_code == 503, down.text
+        assert int(down.headers["Retry-After"]) > 0
+        body = down.json()
+        assert body["status"] == 503 and "database unreachable" in body["error"], body
+        assert "Traceback" not in down.text
+        # The notebook client sends its call again while it gets 503s: it returns once the
+        # database is back, with the answer.
+        client = TunerClient(url=f"{hub.url}services/tuner", token=hub.token("alice", READ_SUBMIT))
+        answers: list[object] = []
+
+        def call() -> None:
+            try:
+                answers.append(client.request("GET", "sweeps"))
+            except Exception as exc:  # (shown by the assertion below)
+                answers.append(exc)
+
+        waiting = threading.Thread(target=call)
+        waiting.start()
+        refused = "GET /services/tuner/api/v1/sweeps -> 503"  # the service's log, per answer
+        wait_for(lambda: answers or hub.log.read_text().count(refused) >= 3,
+                 timeout=60, what="the client's call answered 503 twice")
+        assert not answers, answers
+        postgres.start()
+        waiting.join(timeout=120)
+        assert answers == [[]], answers
+        wait_for(lambda: alice.get("sweeps").status_code == 200, timeout=120,
+                 what="the API to answer again")
+        # The service's log (in the hub's, with its proxy's) says it once, and that it is over.
+        wait_for(lambda: "database reachable again" in hub.log.read_text(), timeout=60,
+                 what="the service to say the database is back")
+        log = hub.log.read_text()
+        assert log.count(MESSAGE) == 1, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
