@@ -151,35 +151,52 @@ def _slow_enough(served: Served, seconds: float = 12.0) -> float:
         n *= 4
 
 
-def test_one_client_cannot_hold_every_prediction(served: Served) -> None:
-    iterations = _slow_enough(served)
-    held: list[httpx.Response] = []
+def _hold(served: Served, iterations: float) -> tuple[list[threading.Thread], list[int]]:
+    """``PER_CLIENT`` slow predictions from this client, running in threads."""
+    statuses: list[int] = []
 
     def hold() -> None:
-        held.append(served.predict(b'{"instances": [%f]}' % iterations))
+        statuses.append(served.predict(b'{"instances": [%f]}' % iterations).status_code)
 
     holders = [threading.Thread(target=hold) for _ in range(PER_CLIENT)]
     for t in holders:
         t.start()
-    try:
-        # Once the client's allowance is in flight, its next prediction is refused at once ...
-        def refused() -> httpx.Response | None:
-            r = served.predict(b'{"instances": [1.0]}')
-            return r if r.status_code == 429 else None
+    return holders, statuses
 
-        late = wait_for(refused, timeout=30, what="the client's allowance to be in flight")
-        assert late is not None
+
+def test_one_client_cannot_hold_every_prediction(served: Served) -> None:
+    iterations = _slow_enough(served)
+
+    def refused() -> httpx.Response | None:
+        r = served.predict(b'{"instances": [1.0]}')
+        return r if r.status_code == 429 else None
+
+    # Once the client's allowance is in flight, its next prediction is refused at once. The
+    # 429 itself proves both holders were in flight; holders that ended before a look saw
+    # them (a machine whose speed changed since the calibration) are tried again, longer.
+    for _ in range(3):
+        holders, statuses = _hold(served, iterations)
+        seen = wait_for(lambda h=holders: refused() or not any(t.is_alive() for t in h),
+                        timeout=120, what="the allowance in flight or the holders done")
+        if isinstance(seen, httpx.Response):
+            late = seen
+            break
+        for t in holders:
+            t.join(timeout=300)
+        iterations *= 4
+    else:
+        raise AssertionError("the holders always ended before their allowance was seen in flight")
+    try:
         assert "TUNEHUB_SERVE_MAX_CLIENT_REQUESTS" in late.json()["error"], late.text
-        assert all(t.is_alive() for t in holders), "the holders ended before the check"
-        # ... while another client (another address) is answered.
+        # ... while another client (another address) is answered, not refused.
         other = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"),
-                             timeout=60)
+                             timeout=300)
         with other:
             r = served.predict(b'{"instances": [1.0]}', other)
         assert r.status_code == 200, r.text
     finally:
         for t in holders:
-            t.join(timeout=120)
-    assert [r.status_code for r in held] == [200] * PER_CLIENT
+            t.join(timeout=300)
+    assert statuses == [200] * PER_CLIENT
     # Their answers free the allowance.
     assert served.predict(b'{"instances": [1.0]}').status_code == 200
