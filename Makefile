@@ -53,7 +53,7 @@ lint: $(STAMP)
 test: $(STAMP) browser image-tools acl nftables
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -p no:cacheprovider tests kubesim/tests
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests kubesim/tests
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
