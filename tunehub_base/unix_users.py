@@ -81,22 +81,24 @@ class UnixUser:
         return env
 
 
+def become(uid: int, gid: int, groups: list[int], name: str) -> None:
+    """Make the calling process (a child between fork and exec, or one that exits after its
+    work) this person for good: supplementary groups, then gid, then uid, as JupyterHub's
+    ``set_user_setuid`` does. It raises rather than carrying on as root."""
+    os.setgroups(groups)
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.geteuid() != uid or os.getegid() != gid or 0 in os.getgroups():
+        raise PermissionError(f"could not drop privileges to {name}")
+    os.umask(0o022)  # their files readable by their group, not writable
+
+
 def privilege_dropper(user: UnixUser) -> Callable[[], None]:
-    """A function that makes the calling process ``user`` for good, for a child between fork
-    and exec: supplementary groups (looked up now, in the parent, so the child does not touch
-    the group database), then gid, then uid, as JupyterHub's ``set_user_setuid`` does. It raises
-    rather than carrying on as root."""
+    """A function that makes the calling process ``user`` (:func:`become`), for a child between
+    fork and exec. The supplementary groups are looked up now, in the parent, so the child does
+    not touch the group database."""
     groups = os.getgrouplist(user.login, user.gid)
-
-    def drop() -> None:
-        os.setgroups(groups)
-        os.setgid(user.gid)
-        os.setuid(user.uid)
-        if os.geteuid() != user.uid or os.getegid() != user.gid or 0 in os.getgroups():
-            raise PermissionError(f"could not drop privileges to {user.login}")
-        os.umask(0o022)  # their files readable by their group, not writable
-
-    return drop
+    return lambda: become(user.uid, user.gid, groups, user.login)
 
 
 class UnixUsers:

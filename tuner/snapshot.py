@@ -159,9 +159,7 @@ def _resolve(path: str, owner: Owner | None) -> Path:
         code = 1
         try:
             os.close(read_end)
-            os.setgroups(sorted(owner.groups))
-            os.setgid(owner.gid)
-            os.setuid(owner.uid)
+            unix_users.become(owner.uid, owner.gid, sorted(owner.groups), f"uid {owner.uid}")
             os.write(write_end, os.fsencode(os.path.realpath(path)))
             code = 0
         finally:
