@@ -347,7 +347,7 @@ def test_a_gpu_notebook_preempts_a_trial_which_resumes_from_its_checkpoint(
     stopped = wait_for(lambda: (t := trial())["state"] == "pending" and t, timeout=60,
                        what="the preempted trial to be back in the queue")
     assert (stopped["attempts"], stopped["preemptions"]) == (1, 1)
-    assert stopped["reason"].startswith("preempted: its GPU went to a notebook")
+    assert stopped["reason"].startswith("preempted: its GPU went to a notebook or a higher")
     assert f"killed after its {GRACE_SECONDS}s grace period" in stopped["reason"]
     sweep = ana.get(f"sweeps/{sweep_id}").json()
     assert sweep["state"] == "running" and sweep["failed"] == 0

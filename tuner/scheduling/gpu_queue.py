@@ -378,14 +378,16 @@ class GpuQueue:
             rid = waiter.ask.request_id
             if rid in scheduler.holdings:
                 continue  # its spawner holds the GPUs already
-            request = GpuRequest(rid, waiter.ask.person, "notebook", waiter.ask.gpus,
-                                 waiter.since, waiter.ask.groups)
             picture.notebooks[rid] = waiter.ask
-            self._submit(picture, request)
+            self._wait(picture, GpuRequest(rid, waiter.ask.person, "notebook",
+                                           waiter.ask.gpus, waiter.since, waiter.ask.groups))
         for request in self._waiting_trials(admitted):
             assert request.sweep_id is not None
             picture.heads.setdefault(int(request.sweep_id), request.request_id)
-            self._submit(picture, request)
+            self._wait(picture, request)
+        # Everyone in the queue first, then one pass: the policy's order decides who starts.
+        picture.actions = scheduler.submit_all(list(picture.waiting.values()))
+        picture.started = {a.holding.request_id for a in picture.actions if isinstance(a, Start)}
         return picture
 
     def _adopt_admissions(self, scheduler: Scheduler) -> set[int]:
@@ -407,14 +409,11 @@ class GpuQueue:
             admitted.add(sweep_id)
         return admitted
 
-    def _submit(self, picture: _Picture, request: GpuRequest) -> None:
+    @staticmethod
+    def _wait(picture: _Picture, request: GpuRequest) -> None:
         if request.gpus > len(picture.scheduler.gpu_ids):
             return  # never fits; the spawner and the backend's check refuse it
         picture.waiting[request.request_id] = request
-        decision = picture.scheduler.submit(request)
-        picture.actions.extend(decision.actions)
-        picture.started.update(a.holding.request_id for a in decision.actions
-                               if isinstance(a, Start))
 
     def _holding(self, picture: _Picture, row: dict[str, Any]) -> tuple[GpuRequest, float]:
         """The request a held GPU's record stands for, and when it last saved a checkpoint. A
