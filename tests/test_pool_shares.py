@@ -148,8 +148,31 @@ def shared_pool(tmp_path: Path) -> Iterator[tuple[TunerHub, Path]]:
         tmp_path, f"sqlite:///{tmp_path / 'tunehub.sqlite'}",
         extra_env={"TUNEHUB_LOCAL_GPUS": "0,1", "TUNEHUB_PREEMPT_GRACE_SECONDS": "60",
                    "TUNEHUB_POOL_SHARES": str(shares)},
+        extra_config='c.JupyterHub.services[1]["oauth_no_confirm"] = True\n',
     ) as hub:
         yield hub, shares
+
+
+def _pool_page(hub: TunerHub, user: str) -> tuple[list[str], list[str]]:
+    """The sweeps page's "GPU pool" section in Chromium, signed in as ``user``: the rows of
+    its queue and of its shares, as text, once the queue shows someone."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_hub_browser import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(f"{hub.url}services/tuner/")  # the hub's login, then back by OAuth
+            page.fill("input[name=username]", user)
+            page.fill("input[name=password]", "any")
+            page.click("#login_submit")
+            page.locator("#pool-queue tbody tr").first.wait_for(timeout=120_000)
+            return ([r.inner_text() for r in page.locator("#pool-queue tbody tr").all()],
+                    [r.inner_text() for r in page.locator("#pool-shares tbody tr").all()])
+        finally:
+            browser.close()
 
 
 def _submit(client: httpx.Client, hub: TunerHub, name: str, go: Path, **spec: Any) -> int:
@@ -201,6 +224,14 @@ def test_a_cap_holds_a_trial_back_and_a_higher_priority_trial_preempts_the_cheap
     assert cli.returncode == 0, cli.stderr
     assert "Shares" in cli.stdout and "over your cap of 1 GPUs" in cli.stdout, cli.stdout
 
+    # The sweeps page's pool section says the same, to anyone signed in (bob here).
+    queue_rows, share_rows = _pool_page(hub, "bob")
+    assert [r.split("\t") for r in queue_rows] == [
+        ["1", "ana", f"sweep {a} trial 1", "1", "low", "over your cap of 1 GPUs"]], queue_rows
+    ana_row = next(r.split("\t") for r in share_rows if r.startswith("ana"))
+    assert ana_row[:5] == ["ana", "person:ana", "1", "1", "1"], ana_row
+    assert any(r.startswith("group vision") for r in share_rows), share_rows
+
     # The admin lifts the cap in the file: the tuner reads it again, trial 1 starts.
     shares_file.write_text(yaml.safe_dump({"people": {"ana": {"weight": 1}}}))
     wait_for(lambda: (trials(a)[1].get("last_step") or 0) >= 1, timeout=120,
@@ -226,10 +257,18 @@ def test_a_cap_holds_a_trial_back_and_a_higher_priority_trial_preempts_the_cheap
         and (t[0].get("last_step") or 0) >= 1 and t[0], timeout=180,
         what="bob's trial to run on the freed GPU")
     assert bob_trial["preemptions"] == 0
+    expected = [("ana", f"sweep {a} trial 1 attempt 1"), ("bob", f"sweep {b} trial 0 attempt 1")]
+    seen: list[Any] = []
+
+    def holders() -> bool:
+        # (A record is briefly unreadable while its holder rewrites its measured use.)
+        pool = bob.get("pool").json()
+        seen[:] = [pool["gpus"]]
+        return sorted((str((g["holder"] or {}).get("person")), str((g["holder"] or {}).get(
+            "what"))) for g in pool["gpus"]) == expected
+
+    wait_for(holders, timeout=30, what=f"the GPUs to show {expected} (saw {seen})")
     pool = bob.get("pool").json()
-    holders = sorted((g["holder"]["person"], g["holder"]["what"]) for g in pool["gpus"])
-    assert holders == [("ana", f"sweep {a} trial 1 attempt 1"),
-                       ("bob", f"sweep {b} trial 0 attempt 1")], holders
     assert [(q["position"], q["person"], q["what"]) for q in pool["queue"]] == [
         (1, "ana", f"sweep {a} trial 0")]
     assert trials(a)[0]["state"] == "pending"  # it does not run beside them
