@@ -459,8 +459,9 @@ class GpuQueue:
         for controller in list(self.host.controllers.values()):
             sweep_id = controller.sweep_id
             seen.update(trial_request_id(sweep_id, rt.number) for rt in controller.running)
-            if controller.backend is not self.backend:
-                continue
+            if controller.backend is not self.backend or not self.host.admits(
+                    controller.owner, controller.spec.resources.workers):
+                continue  # (over its owner's worker cap: it waits for that, not for a GPU)
             numbers = [controller.numbers.get(t, t) for t in controller.waiting_for_gpus()]
             if not numbers and self._may_ask(controller):
                 numbers = [NEXT_TRIAL]
