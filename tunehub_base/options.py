@@ -105,7 +105,11 @@ SETTINGS: tuple[Setting, ...] = (
             "NVML's count"),
     Setting("TUNEHUB_WARM_START", "`0`: a cold Python process per trial", "warm"),
     Setting("TUNEHUB_PREEMPT_GRACE_SECONDS", "seconds a local trial preempted for a notebook "
-            "gets between SIGTERM and SIGKILL to save a checkpoint", "`30`", value=30),
+            "(or a higher-priority trial) gets between SIGTERM and SIGKILL to save a checkpoint", "`30`", value=30),
+    Setting("TUNEHUB_POOL_SHARES", "the GPU pool's weights and caps per person and per hub "
+            "group: the JSON/YAML itself (`{\"people\": {\"ana\": {\"weight\": 2, "
+            "\"max_gpus\": 1}}}`) or the path of a file holding it, read again when it "
+            "changes (see \"The GPU pool's policy\")", "everyone weight 1, no cap"),
     Setting("TUNEHUB_GPU_SAMPLE_SECONDS", "seconds between two NVML readings of the GPUs local "
             "trial attempts hold (their measured use: utilisation, memory, processes)", "`10`",
             value="10"),

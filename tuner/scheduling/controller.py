@@ -128,6 +128,19 @@ class ControllerHost(Protocol):
     @property
     def limits(self) -> Limits: ...
 
+    @property
+    def pool_gate(self) -> PoolGate | None: ...
+
+
+class PoolGate(Protocol):
+    """The GPU pool's say over a trial's start (the tuner service's
+    :class:`~tuner.scheduling.gpu_queue.GpuQueue`): the policy's order, caps and preemptions."""
+
+    def admits(self, controller: SweepController) -> tuple[bool, str | None]:
+        """``(True, None)``: start the next trial now; else ``(False, reason)``, ``reason``
+        what the waiting trial's row says (None: leave it)."""
+        ...
+
 
 class SweepController:
     """Drives one sweep from its current state to completed, failed or cancelled."""
@@ -142,6 +155,8 @@ class SweepController:
         self.relaunch: deque[int] = deque()  # trial ids waiting for their next attempt
         self.ready: int | None = None  # a trial asked ahead, waiting for a free slot
         self.owner_queued: int | None = None  # the ready trial, told it waits for its owner's cap
+        #: The waiting trial told why the GPU pool holds it back, and what it was told.
+        self.pool_queued: tuple[int, str] | None = None
         # The ask ahead while it runs in a worker thread: its trial id once done.
         self.asking: asyncio.Future[int] | None = None
         self.created = 0
@@ -274,10 +289,33 @@ class SweepController:
         """An attempt may start now: within its owner's cap on concurrent workers (all their
         sweeps on this host together; :mod:`tuner.limits`) and the backend has room (GPUs).
         Otherwise the trial waits, pending, and the loop looks again on the next event."""
-        return self._owner_admits() and self.backend.can_launch(self.spec.resources)
+        return self._owner_admits() and self._room()
 
     def _owner_admits(self) -> bool:
         return self.engine.admits(self.owner, self.spec.resources.workers)
+
+    def _room(self) -> bool:
+        """The GPU pool's policy lets the next trial start (where a pool decides: the tuner
+        service's local GPUs), and the backend has room for it."""
+        gate = self.engine.pool_gate
+        if gate is not None:
+            admitted, reason = gate.admits(self)
+            if not admitted:
+                self._queue_for_pool(reason)
+                return False
+        return self.backend.can_launch(self.spec.resources)
+
+    def _queue_for_pool(self, reason: str | None) -> None:
+        """Held back by the pool: a trial waits as a pending row (asked ahead now if need
+        be, so the queue names it), saying ``reason`` where the pool gives one (a cap)."""
+        if self.ready is None and not self.relaunch:
+            self._ask_ahead()
+            return
+        trial_id = self.relaunch[0] if self.relaunch else self.ready
+        if reason is None or trial_id is None or self.pool_queued == (trial_id, reason):
+            return
+        self.pool_queued = (trial_id, reason)
+        self.ledger.set_reasons({trial_id: reason})
 
     def _queue_behind_owner(self) -> None:
         """Over its owner's cap: the next trial waits as a pending row that says why (asked
@@ -305,7 +343,7 @@ class SweepController:
             if not self._owner_admits():
                 self._queue_behind_owner()
                 return
-            if not self.backend.can_launch(self.spec.resources):
+            if not self._room():
                 return
             if self.relaunch:
                 trial_id = self.relaunch.popleft()
@@ -372,8 +410,9 @@ class SweepController:
         start = await off_the_loop_while_down(self.ledger.start_attempt, self.sweep_id,
                                               trial_id, token_hash)
         self.numbers[trial_id] = start.number
-        if trial_id == self.owner_queued:  # its wait is over
-            self.owner_queued = None
+        if trial_id == self.owner_queued or (self.pool_queued or (None,))[0] == trial_id:
+            self.owner_queued = None  # its wait is over
+            self.pool_queued = None
             await off_the_loop_while_down(self.ledger.set_reasons, {trial_id: None})
         prepare_workdir(start.paths, self.code_dir)
         write_attempt_header(start.paths.log_path, start.number, start.attempt,

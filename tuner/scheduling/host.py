@@ -15,7 +15,7 @@ from tuner.errors import NotFound
 from tuner.lifecycle.ledger import Ledger
 from tuner.lifecycle.states import SweepState
 from tuner.limits import Limits
-from tuner.scheduling.controller import ControllerObserver, SweepController
+from tuner.scheduling.controller import ControllerObserver, PoolGate, SweepController
 
 if TYPE_CHECKING:
     from tuner.serving.registry import Registry
@@ -50,6 +50,8 @@ class SweepHost:
         #: Watch every controller this host runs (:class:`ControllerObserver`).
         self.observers: list[ControllerObserver] = []
         self.controllers: dict[int, SweepController] = {}
+        #: The GPU pool's say over GPU trials' starts (the tuner service's queue sets it).
+        self.pool_gate: PoolGate | None = None
         self._by_trial: dict[int, SweepController] = {}
         self._tasks: dict[int, asyncio.Task[SweepState]] = {}
 
