@@ -105,7 +105,8 @@ SETTINGS: tuple[Setting, ...] = (
             "NVML's count"),
     Setting("TUNEHUB_WARM_START", "`0`: a cold Python process per trial", "warm"),
     Setting("TUNEHUB_PREEMPT_GRACE_SECONDS", "seconds a local trial preempted for a notebook "
-            "(or a higher-priority trial) gets between SIGTERM and SIGKILL to save a checkpoint", "`30`", value=30),
+            "(or a higher-priority trial) gets between SIGTERM and SIGKILL to save a checkpoint",
+            "`30`", value=30),
     Setting("TUNEHUB_POOL_SHARES", "the GPU pool's weights and caps per person and per hub "
             "group: the JSON/YAML itself (`{\"people\": {\"ana\": {\"weight\": 2, "
             "\"max_gpus\": 1}}}`) or the path of a file holding it, read again when it "
