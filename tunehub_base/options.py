@@ -161,6 +161,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TUNEHUB_PROXY_HEADER_TIMEOUT", "seconds the proxy waits for a request's complete "
             "headers (and between requests on a kept-alive connection) before closing it",
             "`30`", value=30),
+    Setting("TUNEHUB_PROXY_MAX_BODY", "largest request body (bytes) the hub's proxy forwards "
+            "(it buffers a body whole; notebook uploads pass here too), declared or chunked; a "
+            "larger one is the same JSON 413 naming `body` as `TUNEHUB_API_MAX_BODY`'s",
+            "`104857600` (100 MiB)", value=100 * 2**20),
     Setting("TUNEHUB_PROXY_BODY_TIMEOUT", "seconds the proxy waits for a request's complete "
             "body", "`300`", value=300),
     Setting("TUNEHUB_PROXY_MAX_CLIENT_CONNECTIONS", "open connections one client address may "
