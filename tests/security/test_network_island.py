@@ -7,6 +7,9 @@ code as the victim. The class is "anything an attempt listens on": so a plain TC
 trial's code, and the real multi-worker TensorFlow trial's gRPC ports, are each tried from
 another person's process (running as bob's uid), from alice's own other attempt, and from root
 on the machine (which is where bob's notebook would be); only the attempt's own workers get in.
+The attack itself is also replayed with TensorFlow (``tf.compat.v1.Session("grpc://...")`` as
+bob): it runs a graph on a server it reaches, and on none of alice's (with islands off, it ran
+one on both of her workers).
 What the attempt reached before still works: its workers train together, it reports to the
 tuner (now through its island's Unix socket), and it reaches the machine over its link
 (egress). After the attempt its namespace, link and socket directory are gone.
@@ -322,6 +325,94 @@ def test_multi_worker_tensorflow_trains_and_its_grpc_ports_are_closed_to_others(
     assert done["state"] == "completed", (trials, people.logs(sid))
     assert [r["step"] for r in trials[0]["intermediate_values"]] == [1, 2], trials
     assert "--- worker 1 ---" in people.logs(sid)
+
+
+# The attack that opened the issue, replayed with TensorFlow itself: a client of a gRPC server's
+# master service runs a graph there (as the server's owner). As a script it attacks each port
+# given, after its own server: the control, showing the attack works wherever it connects.
+GRPC_ATTACK = """\
+import json, sys
+
+import tensorflow as tf
+
+
+def attack(port):
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=10000)
+    try:
+        with tf.Graph().as_default(), tf.compat.v1.Session(
+                f"grpc://127.0.0.1:{port}", config=config) as session:
+            return "ran: " + session.run(tf.constant("owned")).decode()
+    except Exception as exc:
+        return type(exc).__name__
+
+
+if __name__ == "__main__":
+    own = tf.distribute.Server({"local": ["localhost:0"]}, protocol="grpc", start=True)
+    got = {"own": attack(int(own.target.rsplit(":", 1)[1]))}
+    got.update({port: attack(int(port)) for port in sys.argv[1:]})
+    print(json.dumps(got))
+"""
+
+# A workers: 2 trial whose workers start their real gRPC servers (the strategy's own) and hold
+# them until the gate opens; worker 1 attacks worker 0's from inside the island (where the
+# attack must still work: the ports are the real, unauthenticated servers).
+GRPC_TRIAL = """\
+import json, os, pathlib, sys, time
+import tensorflow as tf
+import tuner
+out = pathlib.Path(os.environ["OUT"])
+config = json.loads(os.environ["TF_CONFIG"])
+index = config["task"]["index"]
+strategy = tf.distribute.MultiWorkerMirroredStrategy()  # starts this worker's gRPC server
+ports = [int(host.rsplit(":", 1)[1]) for host in config["cluster"]["worker"]]
+if index == 0:
+    (out / "cluster.tmp").write_text(json.dumps(ports))
+    (out / "cluster.tmp").rename(out / "cluster.json")
+else:
+    sys.path.insert(0, str(out))
+    from grpc_attack import attack
+    (out / "inside.tmp").write_text(attack(ports[0]))
+    (out / "inside.tmp").rename(out / "inside.txt")
+while not (out / "gate").exists():
+    time.sleep(0.1)
+if index == 0:
+    tuner.report(1.0)
+"""
+
+
+def test_the_tensorflow_grpc_attack_from_another_account_cannot_connect(
+    people: People,
+) -> None:
+    """The issue's attack itself, ``tf.compat.v1.Session("grpc://127.0.0.1:<port>")`` from
+    bob's account against a running ``workers: 2`` trial of alice's: it runs a graph on its own
+    server and, from inside alice's island, on her worker's; from bob's, on neither of hers."""
+    (people.out / "grpc_attack.py").write_text(GRPC_ATTACK)
+    (people.code / "grpc_trial.py").write_text(GRPC_TRIAL)
+    sid = people.submit("grpc", "python grpc_trial.py", resources={"workers": 2},
+                        env={"OUT": str(people.out)})
+
+    def held() -> bool:
+        if people.finished(sid):
+            raise AssertionError(f"ended early: {people.trials(sid)}\n{people.logs(sid)}")
+        return (people.out / "cluster.json").exists() and (people.out / "inside.txt").exists()
+
+    wait_for(held, timeout=400, what="both workers' gRPC servers, and the attack from inside")
+    ports = json.loads((people.out / "cluster.json").read_text())
+    assert (people.out / "inside.txt").read_text() == "ran: owned"
+    result = subprocess.run(
+        [sys.executable, str(people.out / "grpc_attack.py"), *map(str, ports)],
+        env=people.platform.env, cwd="/", capture_output=True, text=True, timeout=300,
+        preexec_fn=privilege_dropper(people.bob_user))
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.splitlines()[-1])
+    assert got.pop("own") == "ran: owned", got  # the attack works where it can connect
+    assert sorted(map(int, got)) == sorted(ports), got
+    assert not any(what.startswith("ran") for what in got.values()), got
+    # The servers were there all along: the trial still runs, and completes when let go.
+    assert people.finished(sid) is None, people.trials(sid)
+    (people.out / "gate").touch()
+    done = wait_for(lambda: people.finished(sid), timeout=120, what="the trial to end")
+    assert done["state"] == "completed", (people.trials(sid), people.logs(sid))
 
 
 @pytest.mark.parametrize("text", ["10.0.0.0/33", "not-a-network", "10.0.0.1/8", "10.0.0.0/31"])
