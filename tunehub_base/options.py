@@ -133,10 +133,14 @@ SETTINGS: tuple[Setting, ...] = (
             "attempt gets a network namespace of its own (nobody else reaches what it listens "
             "on), `0` attempts share the machine's network", "`1`", value="1"),
     Setting("TUNEHUB_ISLAND_EGRESS", "`1`: islands reach the machine's network through a veth "
-            "pair and source NAT (needs `nft`, and turns on IPv4 forwarding); `0`: loopback only",
+            "pair and source NAT (needs `nft`, and turns on IPv4 forwarding; IPv6 too where the "
+            "machine has an IPv6 default route); `0`: loopback only (`127.0.0.1` and `::1`)",
             "`1`", value="1"),
     Setting("TUNEHUB_ISLAND_NETWORK", "IPv4 range the islands' veth links are cut from (/30 each; "
             "pick one the machine does not route)", "`100.64.0.0/10`", value="100.64.0.0/10"),
+    Setting("TUNEHUB_ISLAND_NETWORK6", "IPv6 range the islands' veth links are cut from (/64 "
+            "each, masqueraded out; pick one the machine does not route)",
+            "`fd74:6e68:7562::/48`", value="fd74:6e68:7562::/48"),
     Setting("TUNEHUB_LOG_MAX_BYTES", "the most of a trial's log the logs API and `sweep logs` "
             "return: its last bytes, after a line saying how much came before", "`16777216`",
             value=16 * 2**20),

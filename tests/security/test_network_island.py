@@ -17,6 +17,7 @@ tuner (now through its island's Unix socket), and it reaches the machine over it
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ from tuner.backends.local.island import (
     HOST_IF_PREFIX,
     ISLAND_ROOT,
     island_network,
+    island_network6,
     remove_stale,
 )
 
@@ -275,6 +277,119 @@ def test_what_an_attempt_listens_on_only_its_own_workers_reach(people: People) -
                    for n in os.listdir("/sys/class/net"))
     assert not (ISLAND_ROOT / name).exists()
     egress.close()
+
+
+# The same over IPv6: worker 0 listens on every IPv6 address of its island (``::``, so ``::1``
+# too) and connects out to the machine over IPv6 (the test's listener, at its link's IPv6
+# gateway), worker 1 connects to it at ``::1``.
+LISTENER6 = """\
+import json, os, pathlib, socket, threading, time, tuner
+out = pathlib.Path(os.environ["OUT"])
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+if index == 0:
+    server = socket.socket(socket.AF_INET6)
+    server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    server.bind(("::", 0))
+    server.listen(16)
+    def serve():
+        while True:
+            conn, _ = server.accept()
+            conn.sendall(b"alice's secret")
+            conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    routes = [line.split() for line in open("/proc/net/ipv6_route").read().splitlines()]
+    gateway = next((socket.inet_ntop(socket.AF_INET6, bytes.fromhex(r[4])) for r in routes
+                    if r[0] == "0" * 32 and r[1] == "00" and r[9] == "eth0"), None)
+    egress = address = None
+    try:
+        with socket.create_connection((gateway, int(os.environ["EGRESS_PORT"])), 10) as c:
+            address = c.getsockname()[0]
+            egress = c.recv(100).decode()
+    except (OSError, TypeError) as exc:
+        egress = repr(exc)
+    (out / "listener6.tmp").write_text(json.dumps({
+        "port": server.getsockname()[1], "address": address, "egress": egress}))
+    (out / "listener6.tmp").rename(out / "listener6.json")
+    while not (out / "gate").exists():
+        time.sleep(0.1)
+    tuner.report(1.0)
+else:
+    while not (out / "listener6.json").exists():
+        time.sleep(0.1)
+    port = json.loads((out / "listener6.json").read_text())["port"]
+    with socket.create_connection(("::1", port), 10) as c:
+        (out / "peer6.txt").write_text(c.recv(100).decode())
+"""
+
+PROBE6 = """\
+import json, socket, sys
+target = json.loads(open(sys.argv[1]).read())
+got = {}
+for host in ("::1", target["address"]):
+    if host is None:
+        continue
+    try:
+        with socket.create_connection((host, target["port"]), 3) as c:
+            got[host] = c.recv(100).decode()
+    except OSError as exc:
+        got[host] = type(exc).__name__
+print(json.dumps(got))
+"""
+
+
+def test_ipv6_listeners_are_the_islands_alone_and_it_reaches_out_over_ipv6(
+    people: People,
+) -> None:
+    """``::1`` exists in every island, and only there: what alice's attempt listens on over
+    IPv6 her own worker reaches at ``::1``; bob and root on the machine reach it neither at
+    ``::1`` nor at the island's address. Where the machine routes IPv6 (this one does), the
+    island reaches the machine over IPv6 too."""
+    egress = socket.socket(socket.AF_INET6)
+    egress.bind(("::", 0))
+    egress.listen(4)
+    egress.settimeout(1)
+    port = egress.getsockname()[1]
+    (people.code / "listener6.py").write_text(LISTENER6)
+    (people.out / "probe6.py").write_text(PROBE6)
+    sid = people.submit("listener6", "python listener6.py", resources={"workers": 2},
+                        env={"OUT": str(people.out), "EGRESS_PORT": str(port)})
+    target = people.out / "listener6.json"
+
+    def listening() -> bool:
+        try:
+            conn, _ = egress.accept()
+        except OSError:
+            pass
+        else:
+            conn.sendall(b"the machine")
+            conn.close()
+        if people.finished(sid):
+            raise AssertionError(f"ended early: {people.trials(sid)}\n{people.logs(sid)}")
+        return target.exists()
+
+    try:
+        wait_for(listening, timeout=300, what="alice's trial to listen over IPv6")
+        seen = json.loads(target.read_text())
+        for user in (people.bob_user, None):
+            result = subprocess.run(
+                [sys.executable, str(people.out / "probe6.py"), str(target)],
+                env=people.platform.env, cwd="/", capture_output=True, text=True, timeout=60,
+                preexec_fn=privilege_dropper(user) if user is not None else None)
+            assert result.returncode == 0, result.stderr
+            got = json.loads(result.stdout)
+            assert got["::1"] == "ConnectionRefusedError", got
+            assert got.get(str(seen["address"])) != "alice's secret", got
+        assert seen["egress"] == "the machine", seen
+        assert ipaddress.IPv6Address(seen["address"]) in island_network6(
+            "fd74:6e68:7562::/48"), seen
+        wait_for(lambda: (people.out / "peer6.txt").exists(), timeout=60,
+                 what="worker 1 to connect at ::1")
+        assert (people.out / "peer6.txt").read_text() == "alice's secret"
+        (people.out / "gate").touch()
+        done = wait_for(lambda: people.finished(sid), timeout=120, what="the sweep to end")
+        assert done["state"] == "completed", (people.trials(sid), people.logs(sid))
+    finally:
+        egress.close()
 
 
 def island_ports(home: Path, sid: int) -> tuple[int, set[int]] | None:
