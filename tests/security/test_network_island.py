@@ -50,16 +50,32 @@ pytestmark = [pytest.mark.slow]  # as root (per-person Unix users), as these mac
 API = "services/tuner/api/v1/"
 REPO = Path(__file__).resolve().parents[2]
 
-# Worker 0 listens on all its addresses (a port of its own choosing) and answers every connection
-# with a secret; worker 1 connects to it. Worker 0 also connects out to the machine (the test's
-# listener on its link's gateway), records where it lives, waits for the gate, then reports.
+# Worker 0 listens on all its addresses of one family (``FAMILY``: 4, or 6 with ``::1``; a port of
+# its own choosing) and answers every connection with a secret; worker 1 connects to it at
+# loopback. Worker 0 also connects out to the machine (the test's listener on its link's
+# gateway), records where it lives, waits for the gate, then reports.
 LISTENER = """\
 import json, os, pathlib, socket, threading, time, tuner
 out = pathlib.Path(os.environ["OUT"])
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+six = os.environ["FAMILY"] == "6"
+name = "listener6" if six else "listener"
+loopback = "::1" if six else "127.0.0.1"
+
+def gateway():
+    if six:
+        routes = [line.split() for line in open("/proc/net/ipv6_route").read().splitlines()]
+        return next((socket.inet_ntop(socket.AF_INET6, bytes.fromhex(r[4])) for r in routes
+                     if r[0] == "0" * 32 and r[1] == "00" and r[9] == "eth0"), None)
+    routes = [line.split() for line in open("/proc/net/route").read().splitlines()[1:]]
+    return next((socket.inet_ntoa(bytes.fromhex(r[2])[::-1]) for r in routes
+                 if r[1] == "00000000"), None)
+
 if index == 0:
-    server = socket.socket()
-    server.bind(("0.0.0.0", 0))  # loopback and its link's address
+    server = socket.socket(socket.AF_INET6 if six else socket.AF_INET)
+    if six:
+        server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    server.bind(("::" if six else "0.0.0.0", 0))  # loopback and its link's address
     server.listen(16)
     def serve():
         while True:
@@ -67,18 +83,16 @@ if index == 0:
             conn.sendall(b"alice's secret")
             conn.close()
     threading.Thread(target=serve, daemon=True).start()
-    routes = [line.split() for line in open("/proc/net/route").read().splitlines()[1:]]
-    gateway = next((socket.inet_ntoa(bytes.fromhex(r[2])[::-1]) for r in routes
-                    if r[1] == "00000000"), None)
     egress = address = None
     try:
-        with socket.create_connection((gateway, int(os.environ["EGRESS_PORT"])), 10) as c:
+        with socket.create_connection((gateway(), int(os.environ["EGRESS_PORT"])), 10) as c:
             address = c.getsockname()[0]
             egress = c.recv(100).decode()
     except (OSError, TypeError) as exc:
         egress = repr(exc)
-    (out / "listener.tmp").write_text(json.dumps({
+    (out / f"{name}.tmp").write_text(json.dumps({
         "port": server.getsockname()[1],
+        "loopback": loopback,
         "address": address,
         "netns": os.readlink("/proc/self/ns/net"),
         "links": sorted(line.split(":")[0].strip()
@@ -86,16 +100,16 @@ if index == 0:
         "egress": egress,
         "socket": os.environ.get("TUNEHUB_API_SOCKET"),
     }))
-    (out / "listener.tmp").rename(out / "listener.json")
+    (out / f"{name}.tmp").rename(out / f"{name}.json")
     while not (out / "gate").exists():
         time.sleep(0.1)
     tuner.report(1.0)
 else:
-    while not (out / "listener.json").exists():
+    while not (out / f"{name}.json").exists():
         time.sleep(0.1)
-    port = json.loads((out / "listener.json").read_text())["port"]
-    with socket.create_connection(("127.0.0.1", port), 10) as c:
-        (out / "peer.txt").write_text(c.recv(100).decode())
+    port = json.loads((out / f"{name}.json").read_text())["port"]
+    with socket.create_connection((loopback, port), 10) as c:
+        (out / f"peer{'6' if six else ''}.txt").write_text(c.recv(100).decode())
 """
 
 # Connects to what the listener recorded; prints what it got, as JSON.
@@ -103,7 +117,7 @@ PROBE = """\
 import json, socket, sys
 target = json.loads(open(sys.argv[1]).read())
 got = {}
-for host in ("127.0.0.1", target["address"]):
+for host in (target["loopback"], target["address"]):
     if host is None:
         continue
     try:
@@ -204,29 +218,25 @@ def connect_as(user: UnixUser, where: int | str, env: dict[str, str]) -> str:
     return result.stdout.strip()
 
 
-def processes_in(netns: str) -> list[int]:
-    """Processes of the machine in the network namespace ``netns`` (``net:[inode]``)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry}/ns/net") == netns:
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def test_what_an_attempt_listens_on_only_its_own_workers_reach(people: People) -> None:
-    egress = socket.socket()
-    egress.bind(("0.0.0.0", 0))
+def start_listener(people: People, family: int) -> tuple[int, socket.socket, Path]:
+    """Alice's :data:`LISTENER` sweep over IPv``family``, once it listens: its id, the
+    machine's socket it connected out to, and the file where it said where it lives."""
+    egress = socket.socket(socket.AF_INET6 if family == 6 else socket.AF_INET)
+    egress.bind(("::" if family == 6 else "0.0.0.0", 0))
     egress.listen(4)
     egress.settimeout(1)
-    port = egress.getsockname()[1]
-    # Warm-started workers (forked by alice's zygote, which must join the island as alice).
-    sid = people.submit("listener", "python listener.py", resources={"workers": 2},
-                        env={"OUT": str(people.out), "EGRESS_PORT": str(port)})
-    target = people.out / "listener.json"
+    name = "listener6" if family == 6 else "listener"
+    sid = people.submit(name, "python listener.py", resources={"workers": 2}, env={
+        "OUT": str(people.out), "EGRESS_PORT": str(egress.getsockname()[1]),
+        "FAMILY": str(family)})
+    target = people.out / f"{name}.json"
+    wait_listening(people, sid, egress, target)
+    return sid, egress, target
+
+
+def wait_listening(people: People, sid: int, egress: socket.socket, target: Path) -> None:
+    """Until :data:`LISTENER` has written ``target``, answering its connection out to the
+    machine on ``egress`` (a listening socket with a timeout)."""
 
     def listening() -> bool:
         try:
@@ -241,7 +251,25 @@ def test_what_an_attempt_listens_on_only_its_own_workers_reach(people: People) -
                                  f"{people.logs(sid)}")
         return target.exists()
 
-    wait_for(listening, timeout=300, what="alice's trial to listen")
+    wait_for(listening, timeout=300, what=f"alice's trial to write {target.name}")
+
+
+def processes_in(netns: str) -> list[int]:
+    """Processes of the machine in the network namespace ``netns`` (``net:[inode]``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/net") == netns:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_what_an_attempt_listens_on_only_its_own_workers_reach(people: People) -> None:
+    # Warm-started workers (forked by alice's zygote, which must join the island as alice).
+    sid, egress, target = start_listener(people, 4)
     seen = json.loads(target.read_text())
     # Nobody else gets in: not bob, not root on the machine, by loopback or by its address.
     for user in (people.bob_user, None):
@@ -279,64 +307,6 @@ def test_what_an_attempt_listens_on_only_its_own_workers_reach(people: People) -
     egress.close()
 
 
-# The same over IPv6: worker 0 listens on every IPv6 address of its island (``::``, so ``::1``
-# too) and connects out to the machine over IPv6 (the test's listener, at its link's IPv6
-# gateway), worker 1 connects to it at ``::1``.
-LISTENER6 = """\
-import json, os, pathlib, socket, threading, time, tuner
-out = pathlib.Path(os.environ["OUT"])
-index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-if index == 0:
-    server = socket.socket(socket.AF_INET6)
-    server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-    server.bind(("::", 0))
-    server.listen(16)
-    def serve():
-        while True:
-            conn, _ = server.accept()
-            conn.sendall(b"alice's secret")
-            conn.close()
-    threading.Thread(target=serve, daemon=True).start()
-    routes = [line.split() for line in open("/proc/net/ipv6_route").read().splitlines()]
-    gateway = next((socket.inet_ntop(socket.AF_INET6, bytes.fromhex(r[4])) for r in routes
-                    if r[0] == "0" * 32 and r[1] == "00" and r[9] == "eth0"), None)
-    egress = address = None
-    try:
-        with socket.create_connection((gateway, int(os.environ["EGRESS_PORT"])), 10) as c:
-            address = c.getsockname()[0]
-            egress = c.recv(100).decode()
-    except (OSError, TypeError) as exc:
-        egress = repr(exc)
-    (out / "listener6.tmp").write_text(json.dumps({
-        "port": server.getsockname()[1], "address": address, "egress": egress}))
-    (out / "listener6.tmp").rename(out / "listener6.json")
-    while not (out / "gate").exists():
-        time.sleep(0.1)
-    tuner.report(1.0)
-else:
-    while not (out / "listener6.json").exists():
-        time.sleep(0.1)
-    port = json.loads((out / "listener6.json").read_text())["port"]
-    with socket.create_connection(("::1", port), 10) as c:
-        (out / "peer6.txt").write_text(c.recv(100).decode())
-"""
-
-PROBE6 = """\
-import json, socket, sys
-target = json.loads(open(sys.argv[1]).read())
-got = {}
-for host in ("::1", target["address"]):
-    if host is None:
-        continue
-    try:
-        with socket.create_connection((host, target["port"]), 3) as c:
-            got[host] = c.recv(100).decode()
-    except OSError as exc:
-        got[host] = type(exc).__name__
-print(json.dumps(got))
-"""
-
-
 def test_ipv6_listeners_are_the_islands_alone_and_it_reaches_out_over_ipv6(
     people: People,
 ) -> None:
@@ -344,39 +314,11 @@ def test_ipv6_listeners_are_the_islands_alone_and_it_reaches_out_over_ipv6(
     IPv6 her own worker reaches at ``::1``; bob and root on the machine reach it neither at
     ``::1`` nor at the island's address. Where the machine routes IPv6 (this one does), the
     island reaches the machine over IPv6 too."""
-    egress = socket.socket(socket.AF_INET6)
-    egress.bind(("::", 0))
-    egress.listen(4)
-    egress.settimeout(1)
-    port = egress.getsockname()[1]
-    (people.code / "listener6.py").write_text(LISTENER6)
-    (people.out / "probe6.py").write_text(PROBE6)
-    sid = people.submit("listener6", "python listener6.py", resources={"workers": 2},
-                        env={"OUT": str(people.out), "EGRESS_PORT": str(port)})
-    target = people.out / "listener6.json"
-
-    def listening() -> bool:
-        try:
-            conn, _ = egress.accept()
-        except OSError:
-            pass
-        else:
-            conn.sendall(b"the machine")
-            conn.close()
-        if people.finished(sid):
-            raise AssertionError(f"ended early: {people.trials(sid)}\n{people.logs(sid)}")
-        return target.exists()
-
+    sid, egress, target = start_listener(people, 6)
     try:
-        wait_for(listening, timeout=300, what="alice's trial to listen over IPv6")
         seen = json.loads(target.read_text())
         for user in (people.bob_user, None):
-            result = subprocess.run(
-                [sys.executable, str(people.out / "probe6.py"), str(target)],
-                env=people.platform.env, cwd="/", capture_output=True, text=True, timeout=60,
-                preexec_fn=privilege_dropper(user) if user is not None else None)
-            assert result.returncode == 0, result.stderr
-            got = json.loads(result.stdout)
+            got = probe_as(user, target, people.platform.env)
             assert got["::1"] == "ConnectionRefusedError", got
             assert got.get(str(seen["address"])) != "alice's secret", got
         assert seen["egress"] == "the machine", seen
@@ -535,6 +477,13 @@ def test_a_wrong_island_network_is_refused_naming_the_setting(text: str) -> None
     with pytest.raises(ValueError, match="^TUNEHUB_ISLAND_NETWORK: "):
         island_network(text)
     assert island_network("100.64.0.0/10").num_addresses == 1 << 22
+
+
+@pytest.mark.parametrize("text", ["fd00::/72", "10.0.0.0/8", "fd00::1/48", "nope"])
+def test_a_wrong_ipv6_island_network_is_refused_naming_the_setting(text: str) -> None:
+    with pytest.raises(ValueError, match="^TUNEHUB_ISLAND_NETWORK6: "):
+        island_network6(text)
+    assert island_network6("fd74:6e68:7562::/48").num_addresses == 1 << 80
 
 
 def test_socket_directories_a_dead_tuner_left_are_removed_and_live_ones_kept() -> None:

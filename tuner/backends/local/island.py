@@ -220,53 +220,20 @@ class Islands:
                         "netns", netns], pass_fds=(island.net_fd,))
             island.host_if = host_if
             await _ip("link", "set", host_if, "up")
-            subnet = await self._claim_subnet(island.name, host_if)
-            host, inner = list(subnet.hosts())[:2]
+            subnet = await _claim(self.network, 30, island.name, host_if)
+            host, inner = subnet[1], subnet[2]
             await _ip("addr", "add", f"{host}/32", "dev", host_if)
             Path(f"/proc/sys/net/ipv4/conf/{host_if}/rp_filter").write_text("1")
             inside += [f"addr add {inner}/{subnet.prefixlen} dev eth0", "link set eth0 up",
                        f"route add default via {host}"]
             if self.egress6:
-                subnet6 = await self._claim_subnet6(island.name, host_if)
+                subnet6 = await _claim(self.network6, 64, island.name, host_if)
                 host6, inner6 = subnet6[1], subnet6[2]
                 await _ip("-6", "addr", "add", f"{host6}/128", "dev", host_if, "nodad")
                 inside += [f"addr add {inner6}/64 dev eth0 nodad",
                            f"route add ::/0 via {host6} dev eth0"]
         await _run(["nsenter", f"--net={netns}", "ip", "-batch", "-"],
                    "\n".join(inside) + "\n", pass_fds=(island.net_fd,))
-
-    async def _claim_subnet(self, name: str, host_if: str) -> ipaddress.IPv4Network:
-        """A /30 of :data:`network` no other island holds: the route to it is the claim
-        (the kernel refuses a second identical route), starting where the name hashes to."""
-        subnets = 1 << (30 - self.network.prefixlen)
-        start = int(hashlib.sha256(name.encode()).hexdigest(), 16) % subnets
-        base = int(self.network.network_address)
-        for step in range(64):
-            subnet = ipaddress.IPv4Network(
-                (base + ((start + step) % subnets) * 4, 30))
-            try:
-                await _ip("route", "add", str(subnet), "dev", host_if)
-                return subnet
-            except OSError as exc:
-                if "File exists" not in str(exc):
-                    raise
-        raise OSError(f"no free /30 in {self.network} for the island's link")
-
-    async def _claim_subnet6(self, name: str, host_if: str) -> ipaddress.IPv6Network:
-        """A /64 of :data:`network6` no other island holds, claimed as :meth:`_claim_subnet`
-        claims a /30."""
-        subnets = 1 << (64 - self.network6.prefixlen)
-        start = int(hashlib.sha256(name.encode()).hexdigest(), 16) % subnets
-        base = int(self.network6.network_address)
-        for step in range(64):
-            subnet = ipaddress.IPv6Network((base + ((start + step) % subnets) * (1 << 64), 64))
-            try:
-                await _ip("-6", "route", "add", str(subnet), "dev", host_if)
-                return subnet
-            except OSError as exc:
-                if "File exists" not in str(exc):
-                    raise
-        raise OSError(f"no free /64 in {self.network6} for the island's link")
 
     async def _ensure_egress(self) -> None:
         """Forwarding on, and the one nftables table of all islands: masquerade out of the
@@ -311,27 +278,53 @@ class Islands:
         await _run(["nft", "-f", "-"], rules)
 
 
+async def _claim(network: ipaddress.IPv4Network | ipaddress.IPv6Network, prefixlen: int,
+                 name: str, host_if: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A ``/prefixlen`` of ``network`` no other island holds: the route to it over ``host_if``
+    is the claim (the kernel refuses a second identical route), starting where the island's
+    name hashes to."""
+    subnets = 1 << (prefixlen - network.prefixlen)
+    size = 1 << (network.max_prefixlen - prefixlen)
+    start = int(hashlib.sha256(name.encode()).hexdigest(), 16) % subnets
+    base = int(network.network_address)
+    for step in range(64):
+        subnet = ipaddress.ip_network((base + ((start + step) % subnets) * size, prefixlen))
+        try:
+            await _ip(f"-{subnet.version}", "route", "add", str(subnet), "dev", host_if)
+            return subnet
+        except OSError as exc:
+            if "File exists" not in str(exc):
+                raise
+    raise OSError(f"no free /{prefixlen} in {network} for the island's link")
+
+
 def island_network(text: str) -> ipaddress.IPv4Network:
     """``TUNEHUB_ISLAND_NETWORK`` read: an IPv4 network with room for at least one /30."""
-    try:
-        network = ipaddress.IPv4Network(text)
-    except ValueError as exc:
-        raise ValueError(f"{ENV_NETWORK.env}: expected an IPv4 network such as "
-                         f"100.64.0.0/10, got {text!r} ({exc})") from None
-    if network.prefixlen > 30:
-        raise ValueError(f"{ENV_NETWORK.env}: {text} has no room for a /30 per island")
+    network = _network(ENV_NETWORK.env, text, 4, 30, "100.64.0.0/10")
+    assert isinstance(network, ipaddress.IPv4Network)
     return network
 
 
 def island_network6(text: str) -> ipaddress.IPv6Network:
     """``TUNEHUB_ISLAND_NETWORK6`` read: an IPv6 network with room for at least one /64."""
+    network = _network(ENV_NETWORK6.env, text, 6, 64, "fd74:6e68:7562::/48")
+    assert isinstance(network, ipaddress.IPv6Network)
+    return network
+
+
+def _network(env: str, text: str, version: int, per_island: int, example: str,
+             ) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """``text`` as an IPv``version`` network with room for a ``/per_island``; a ValueError
+    naming the setting ``env`` otherwise."""
     try:
-        network = ipaddress.IPv6Network(text)
+        network = ipaddress.ip_network(text)
+        if network.version != version:
+            raise ValueError(f"not an IPv{version} network")
     except ValueError as exc:
-        raise ValueError(f"{ENV_NETWORK6.env}: expected an IPv6 network such as "
-                         f"fd74:6e68:7562::/48, got {text!r} ({exc})") from None
-    if network.prefixlen > 64:
-        raise ValueError(f"{ENV_NETWORK6.env}: {text} has no room for a /64 per island")
+        raise ValueError(f"{env}: expected an IPv{version} network such as {example}, got "
+                         f"{text!r} ({exc})") from None
+    if network.prefixlen > per_island:
+        raise ValueError(f"{env}: {text} has no room for a /{per_island} per island")
     return network
 
 
