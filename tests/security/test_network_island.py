@@ -327,11 +327,56 @@ def test_ipv6_listeners_are_the_islands_alone_and_it_reaches_out_over_ipv6(
         wait_for(lambda: (people.out / "peer6.txt").exists(), timeout=60,
                  what="worker 1 to connect at ::1")
         assert (people.out / "peer6.txt").read_text() == "alice's secret"
+        assert_no_spoofing_out_of(seen, people.platform.env)
         (people.out / "gate").touch()
         done = wait_for(lambda: people.finished(sid), timeout=120, what="the sweep to end")
         assert done["state"] == "completed", (people.trials(sid), people.logs(sid))
     finally:
         egress.close()
+
+
+# Run as root inside an island (what its owner could do too, in the user namespace they own):
+# give its link another address and send a datagram from it, then one from the island's own.
+SPOOF = """\
+import socket, subprocess, sys
+gateway, port, own, fake = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+subprocess.run(["ip", "-6", "addr", "add", fake + "/128", "dev", "eth0", "nodad"], check=True)
+for source in (fake, own):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.bind((source, 0))
+    s.sendto(source.encode(), (gateway, port))
+    s.close()
+"""
+
+
+def assert_no_spoofing_out_of(seen: dict[str, Any], env: dict[str, str]) -> None:
+    """An island's traffic must come from an address routed back over its own link: a
+    datagram to the machine from another address of the islands' range (another island's,
+    say) is dropped (the nftables ``fib`` rule: IPv6 has no ``rp_filter``); one from its own
+    address, sent after it, arrives."""
+    own = ipaddress.IPv6Address(seen["address"])
+    gateway, fake = own - 1, own + (1 << 64)  # the link's host end; the next island's range
+    listener = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    listener.bind(("::", 0))
+    listener.settimeout(1)
+    holder = processes_in(seen["netns"])[0]
+    try:
+        subprocess.run(["nsenter", f"--net=/proc/{holder}/ns/net", sys.executable, "-c", SPOOF,
+                        str(gateway), str(listener.getsockname()[1]), str(own), str(fake)],
+                       check=True, env=env, timeout=60)
+        got: list[str] = []
+
+        def own_arrived() -> bool:
+            try:
+                got.append(listener.recv(100).decode())
+            except OSError:
+                pass
+            return str(own) in got
+
+        wait_for(own_arrived, timeout=30, what="the island's datagram from its own address")
+        assert got == [str(own)], got  # the spoofed one, sent first, never came
+    finally:
+        listener.close()
 
 
 def island_ports(home: Path, sid: int) -> tuple[int, set[int]] | None:
