@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hub.singleuser import lab_notice
-from tunehub_base.gpu_usage import GpuReading, Sampler
+from tunehub_base.gpu_usage import GpuReading, Sampler, nvml_gpus
 
 NOTICE = "GPU-IDLE-NOTICE.txt"
 NO_GPUS = {"", "none", "void", "NoDevFiles"}
@@ -48,16 +48,8 @@ def visible_gpus(sampler: Sampler, declared: list[str] | None) -> list[str]:
     """``declared``, or the indices of every device NVML shows this process."""
     if declared is not None:
         return declared
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return ["0"]  # measured as GPU 0: its reading says why there are no figures
+    found = nvml_gpus()
+    return ["0"] if found is None else found  # measured as GPU 0: its reading says why
 
 
 @dataclass

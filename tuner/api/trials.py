@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tunehub_base.gpu_usage import GpuReading
 from tuner.api.base import MAX_ID, ApiError, JsonHandler, parse_id
 from tuner.errors import NotFound, Unauthorized
 from tuner.scheduling.host import SweepHost
@@ -68,3 +69,38 @@ class ReportHandler(JsonHandler):
         except (NotFound, Unauthorized):
             raise refused() from None
         self.send({"prune": prune})
+
+
+MAX_READINGS = 16  # GPUs one pod's reading may carry
+
+
+class GpuUseHandler(JsonHandler):
+    """A Kubernetes trial pod's reading of its own GPUs (:mod:`tuner.sdk.gpu_report`), with
+    the trial's token: the same rules as a report (refused alike for any attempt not running)."""
+
+    def initialize(self, engine: SweepHost) -> None:
+        self.engine = engine
+
+    def post(self, trial_id: str) -> None:
+        auth = self.request.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or not auth[7:].strip():
+            raise ApiError(401, "a trial token is required (Authorization: Bearer ...)")
+        body = self.json_body()
+        attempt = body.get("attempt", 1)
+        if not _small_int(attempt, 1):
+            raise ApiError(400, f"attempt: expected a positive integer, got {attempt!r:.80}",
+                           "attempt")
+        raw = body.get("readings")
+        if not isinstance(raw, list) or not 0 < len(raw) <= MAX_READINGS:
+            raise ApiError(400, f"readings: expected a list of 1 to {MAX_READINGS} readings",
+                           "readings")
+        try:
+            readings = [GpuReading.from_json(r) for r in raw]
+        except ValueError as exc:
+            raise ApiError(400, f"readings: {exc}", "readings") from None
+        try:
+            tid = parse_id(trial_id, "")
+            answer = self.engine.gpu_use(tid, auth[7:].strip(), attempt, readings)
+        except (NotFound, Unauthorized):
+            raise refused() from None
+        self.send(answer)
