@@ -3,8 +3,9 @@ API emulator and its kubelet stand-in (pods are local processes), with the NVML 
 in the pod as the real ``nvidia-ml-py`` loads a driver. The pod's reporter
 (:mod:`tuner.sdk.gpu_report`) reads every GPU NVML shows it and posts the readings with the
 trial's token; the tuner sums them and ``sweep show`` flags a trial that asked for a GPU and
-never used it, and counts the use of one that did. Bad readings are 400s naming the field, a
-token of no running attempt is refused (asked from inside a pod)."""
+never used it (its log says so at its end), and counts the use of one that did. Bad readings
+are 400s naming the field, a token of no running attempt is refused (asked from inside a
+pod)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,8 @@ def test_trial_pods_report_their_gpus_and_an_unused_one_is_flagged(
     assert use["absent"] is None and use["measured_seconds"] >= 1, use
     shown = home.cli("sweep", "show", str(idle["id"]), check=True).stdout
     assert "unused" in shown and "did not use it" in shown, shown
+    log = home.cli("sweep", "logs", str(idle["id"]), "0", check=True).stdout
+    assert "tunehub: this attempt held GPU 0 for" in log and "never used it" in log, log
 
     standin.set({"util": 80, "mem_used": 4 * GiB, "mem_total": 16 * GiB})
     busy = run_on_kubernetes(home, gpu_sweep(tmp_path, standin, "busy"), tmp_path)
@@ -96,6 +99,7 @@ def test_trial_pods_report_their_gpus_and_an_unused_one_is_flagged(
     assert use["used_seconds"] > 0 and use["peak_memory_bytes"] == 4 * GiB, use
     again = parse_json(home.cli("sweep", "show", str(busy["id"]), "--json", check=True).stdout)
     assert again["trials_detail"][0]["gpu_use"]["unused"] is False
+    assert "never used" not in home.cli("sweep", "logs", str(busy["id"]), "0", check=True).stdout
 
 
 def test_a_reading_is_checked_field_by_field() -> None:

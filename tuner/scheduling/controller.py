@@ -35,7 +35,7 @@ from tunehub_base.gpu_meter import UseMeter, UsePolicy
 from tunehub_base.gpu_pod_use import PodUseBook
 from tunehub_base.gpu_usage import GpuReading
 from tunehub_base.settings import Settings
-from tuner import metrics
+from tuner import metrics, untrusted_files
 from tuner.backends._base import (
     COLD,
     NOT_WARM,
@@ -485,6 +485,7 @@ class SweepController:
             await self._waiting(rt, event)
             return
         self.running.pop(event.trial_id)
+        note_unused_pod_gpus(rt)
         await self._note_warmth(event)
         await self._start_ready()
         if event.kind == EventKind.PREEMPTED and not rt.pruned and not self.cancel_requested:
@@ -669,3 +670,21 @@ class SweepController:
         await self.backend.cleanup(self.sweep_id)
         log.info("sweep %s %s", self.sweep_id, state)
         return state
+
+
+def note_unused_pod_gpus(rt: Running) -> None:
+    """At the end of an attempt whose pod reported its GPUs (Kubernetes), the trial's log says
+    which it never used, as a local attempt's does (:mod:`tuner.backends.local.gpu_watch`).
+    Written last: the pod's own output is saved into the log before its end is announced."""
+    policy = UsePolicy.from_env()
+    unused = sorted(g for g, m in rt.gpu_meters.items() if m.unused(policy))
+    if not unused:
+        return
+    held = max((m.last_at - m.since for g, m in rt.gpu_meters.items()
+                if g in unused and m.last_at is not None), default=0.0)
+    line = (f"tunehub: this attempt held GPU {', '.join(unused)} for {held:.0f} s and never used "
+            f"it ({policy.describe()} or more). Does the code run on the CPU?\n")
+    try:
+        untrusted_files.append(rt.paths.log_path, line.encode())
+    except OSError:
+        pass  # not a regular file any more: the backend's own open of the log says so
