@@ -29,10 +29,13 @@ import logging
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from tunehub_base.gpu_meter import UseMeter, UsePolicy
+from tunehub_base.gpu_pod_use import PodUseBook
+from tunehub_base.gpu_usage import GpuReading
 from tunehub_base.settings import Settings
-from tuner import metrics
+from tuner import metrics, untrusted_files
 from tuner.backends._base import (
     COLD,
     NOT_WARM,
@@ -73,6 +76,7 @@ __all__ = ["ControllerHost", "ControllerObserver", "SweepController"]
 log = logging.getLogger("tunehub.controller")
 
 WAKE_SECONDS = 1.0  # re-check free resources / cancellation when no event arrives
+MAX_POD_GPUS = 16  # GPUs one attempt's pod may report
 MAX_NOTED_IMPORTS = 20  # packages named in a sweep's "not fully warm" note
 
 
@@ -465,15 +469,41 @@ class SweepController:
                                time.perf_counter() - began)
         return pruned
 
-    def _judge(
-        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
-        last: bool,
-    ) -> bool:
+    def _attempt(self, trial_id: int, token: str, attempt: int) -> Running:
+        """The running attempt this token was made for, or Unauthorized."""
         rt = self.running.get(trial_id)
         if rt is None or not token_matches(token, rt.token_hash):
             raise Unauthorized("this token is not valid for that trial")
         if attempt != rt.attempt:
             raise Unauthorized(f"attempt {attempt} of this trial is no longer running")
+        return rt
+
+    def gpu_use(self, trial_id: int, token: str, attempt: int,
+                readings: list[GpuReading]) -> dict[str, Any]:
+        """A pod's reading of its own GPUs: summed per GPU for the attempt and kept with the
+        sweep (:class:`~tunehub_base.gpu_pod_use.PodUseBook`), so ``sweep show`` and the
+        Sweeps page flag a trial that holds a GPU it does not use."""
+        rt = self._attempt(trial_id, token, attempt)
+        policy = UsePolicy.from_env()
+        now = time.time()
+        book = PodUseBook(self.engine.settings.gpu_locks_dir)
+        for reading in readings:
+            meter = rt.gpu_meters.get(reading.gpu)
+            if meter is None:
+                if len(rt.gpu_meters) >= MAX_POD_GPUS:
+                    continue
+                meter = rt.gpu_meters[reading.gpu] = UseMeter(reading.gpu, since=now)
+            meter.add(reading, now, policy)
+            book.keep(self.sweep_id, {"trial": rt.number, "attempt": rt.attempt,
+                                      "gpu": reading.gpu, "start": meter.since, "end": now,
+                                      "use": meter.to_json(policy)})
+        return {"unused": sorted(g for g, m in rt.gpu_meters.items() if m.unused(policy))}
+
+    def _judge(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool,
+    ) -> bool:
+        rt = self._attempt(trial_id, token, attempt)
         if step is None:
             rt.final_value = value
             return False
@@ -494,6 +524,7 @@ class SweepController:
             await self._waiting(rt, event)
             return
         self.running.pop(event.trial_id)
+        note_unused_pod_gpus(rt)
         await self._note_warmth(event)
         await self._start_ready()
         if event.kind == EventKind.PREEMPTED and not rt.pruned and not self.cancel_requested:
@@ -678,3 +709,21 @@ class SweepController:
         await self.backend.cleanup(self.sweep_id)
         log.info("sweep %s %s", self.sweep_id, state)
         return state
+
+
+def note_unused_pod_gpus(rt: Running) -> None:
+    """At the end of an attempt whose pod reported its GPUs (Kubernetes), the trial's log says
+    which it never used, as a local attempt's does (:mod:`tuner.backends.local.gpu_watch`).
+    Written last: the pod's own output is saved into the log before its end is announced."""
+    policy = UsePolicy.from_env()
+    unused = sorted(g for g, m in rt.gpu_meters.items() if m.unused(policy))
+    if not unused:
+        return
+    held = max((m.last_at - m.since for g, m in rt.gpu_meters.items()
+                if g in unused and m.last_at is not None), default=0.0)
+    line = (f"tunehub: this attempt held GPU {', '.join(unused)} for {held:.0f} s and never used "
+            f"it ({policy.describe()} or more). Does the code run on the CPU?\n")
+    try:
+        untrusted_files.append(rt.paths.log_path, line.encode())
+    except OSError:
+        pass  # not a regular file any more: the backend's own open of the log says so
