@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 
 from tests.fault_records import FaultRecord, record
@@ -66,9 +67,12 @@ def test_tuner_service_waits_for_the_database_at_start(
             r = alice.post("sweeps", json={"spec": spec})
             assert r.status_code == 201, r.text
             sweep_id = r.json()["id"]
-            done = wait_for(
-                lambda: (s := alice.get(f"sweeps/{sweep_id}").json())["state"]
-                in ("completed", "failed") and s, timeout=300, what="the sweep to end")
+
+            def ended() -> dict[str, Any] | None:
+                view: dict[str, Any] = alice.get(f"sweeps/{sweep_id}").json()
+                return view if view["state"] in ("completed", "failed") else None
+
+            done = wait_for(ended, timeout=300, what="the sweep to end")
             assert done["state"] == "completed", done
     finally:
         restarter.join(timeout=180)

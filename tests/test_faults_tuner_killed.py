@@ -104,9 +104,11 @@ def test_tuner_killed_under_tunehub_up_loses_nothing(platform: Platform) -> None
     wait_for(platform._tuner_ready, timeout=180, what="the restarted tuner to answer")
     restarted_at = time.monotonic()
     gate.touch()
-    done: dict[str, Any] = wait_for(
-        lambda: (s := hub.call("GET", api, 200))["state"] in ("completed", "failed") and s,
-        timeout=600, what="the sweep to end")
+    def ended() -> dict[str, Any] | None:
+        view: dict[str, Any] = hub.call("GET", api, 200)
+        return view if view["state"] in ("completed", "failed") else None
+
+    done = wait_for(ended, timeout=600, what="the sweep to end")
     resumed_s = restarted_at - killed_at
     assert done["state"] == "completed", done
 
