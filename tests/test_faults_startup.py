@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from tests.fault_records import FaultRecord, record
 from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
@@ -73,7 +72,7 @@ def test_tuner_service_waits_for_the_database_at_start(
                 return view if view["state"] in ("completed", "failed") else None
 
             done = wait_for(ended, timeout=300, what="the sweep to end")
-            assert done["state"] == "completed", done
+            assert done is not None and done["state"] == "completed", done
     finally:
         restarter.join(timeout=180)
     record(FaultRecord(

@@ -110,7 +110,7 @@ def test_tuner_killed_under_tunehub_up_loses_nothing(platform: Platform) -> None
 
     done = wait_for(ended, timeout=600, what="the sweep to end")
     resumed_s = restarted_at - killed_at
-    assert done["state"] == "completed", done
+    assert done is not None and done["state"] == "completed", done
 
     trials = hub.call("GET", f"{api}/trials", 200)
     assert sorted(t["number"] for t in trials) == list(range(TRIALS)), trials
