@@ -50,8 +50,10 @@ for step in range(1, {steps} + 1):
 
 
 def tuner_processes(home: Path) -> list[ProcessIdentity]:
-    """The tuner services of this platform (their environment names its home)."""
-    found = []
+    """The tuner services of this platform (their environment names its home); not a child
+    the service forked for a trial that has not yet become the trial's command."""
+    found: dict[int, ProcessIdentity] = {}
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -61,10 +63,13 @@ def tuner_processes(home: Path) -> list[ProcessIdentity]:
                 continue
             environ = (entry / "environ").read_bytes().split(b"\0")
             if f"TUNEHUB_HOME={home}".encode() in environ:
-                found.append(ProcessIdentity.of(int(entry.name)))
-        except (OSError, ProcessLookupError):
+                pid = int(entry.name)
+                status = (entry / "status").read_text()
+                parents[pid] = int(status.split("PPid:")[1].split()[0])
+                found[pid] = ProcessIdentity.of(pid)
+        except (OSError, ProcessLookupError, IndexError, ValueError):
             continue
-    return found
+    return [ident for pid, ident in found.items() if parents[pid] not in found]
 
 
 def test_tuner_killed_under_tunehub_up_loses_nothing(platform: Platform) -> None:
