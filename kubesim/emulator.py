@@ -279,6 +279,7 @@ class Emulator:
         carrying the request out, or end a watch at once; None: go on serving it."""
         if fault.delay:
             await asyncio.sleep(fault.delay)  # the injected slow answer
+        fault.waited += 1
         if fault.status and not fault.applied:
             raise InjectedFault(fault)
         if fault.applied:

@@ -39,6 +39,7 @@ class Fault:
     retry_after: int | None = None  # the ``Retry-After`` header of an error answer
     applied: bool = False  # the request is carried out, then its answer is the error
     hits: int = 0
+    waited: int = 0  # requests whose delay is over (a test waits for its slow requests)
 
     @property
     def reason(self) -> str:

@@ -17,6 +17,7 @@ import yaml
 
 from kubesim import KubeCluster
 from tests.fault_records import FaultRecord, record
+from tests.polling import wait_for
 from tests.sweeps_helpers import kube_cli_home, run_on_kubernetes, write_sweep
 
 pytestmark = pytest.mark.slow
@@ -71,3 +72,35 @@ def test_api_faults_lose_and_duplicate_no_attempt(kube: KubeCluster, tmp_path: P
         recover_s=0.0,
         seen="nothing: the sweep completed, each trial one attempt; the CLI's log shows one "
              "warning per retried call"))
+
+
+async def test_an_answer_too_slow_is_given_up_on_and_tried_again(
+    kube: KubeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that takes the request and does not answer in time: the call gives up after
+    ``REQUEST_SECONDS`` and tries again, instead of holding the backend (the slow request,
+    carried out later, meets the object the retry made: a 409 nobody hears)."""
+    from tuner.backends.kubernetes import KubeSettings
+    from tuner.backends.kubernetes import api as kube_api
+
+    monkeypatch.setattr(kube_api, "REQUEST_SECONDS", 1.0)
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    settings = KubeSettings.from_env()
+    client = kube_api.Kube(await kube_api.connect(settings), settings.namespace)
+    slow = kube.faults.inject(0, verb="create", resource="secrets", delay=4.0)
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+              "metadata": {"name": "slow-answer"}, "stringData": {"token": "t"}}
+    try:
+        began = time.monotonic()
+        created = await client.create(secret)
+        took = time.monotonic() - began
+    finally:
+        await client.close()
+    assert created["metadata"]["name"] == "slow-answer"
+    assert slow.hits == 1
+    assert took < 4.0, took  # it did not wait for the slow answer
+    # Two requests reached the server (the slow one and the retry), one Secret exists.
+    assert kube.counters.snapshot()[("create", "secrets")] == 2
+    names = [s["metadata"]["name"] for s in kube.objects("secrets")]
+    assert names.count("slow-answer") == 1, names
+    wait_for(lambda: slow.waited == 1, timeout=30, what="the slow request to be served")

@@ -34,6 +34,10 @@ T = TypeVar("T")
 TRANSIENT = frozenset({429, 500, 502, 503, 504})
 #: How long one call is tried again through transient failures before they count.
 API_PATIENCE = 60.0
+#: How long one request may take before it is given up on and tried again (a watch has its
+#: own): without it, a server that accepted the connection and never answered would hold the
+#: backend forever.
+REQUEST_SECONDS = 30.0
 _FIRST_DELAY, _MAX_DELAY = 0.5, 8.0
 WATCH_SECONDS = 300  # server-side timeout of one watch request; the watch then resumes
 #: The most of one pod's output the tuner reads into memory for the trial's log.
@@ -194,7 +198,8 @@ class Kube:
     async def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
         # The client's annotations ask for its model classes (V1Job, ...); its serializer sends
         # a plain manifest dict as it is, which is what we build (manifests.py).
-        kwargs: dict[str, Any] = {"_preload_content": False}
+        kwargs: dict[str, Any] = {"_preload_content": False,
+                                  "_request_timeout": REQUEST_SECONDS}
         kind = obj["kind"]
         if kind == "Job":
             return await self._json(
@@ -218,7 +223,8 @@ class Kube:
             warnings: list[str] = []
             await self._json(
                 self.batch.create_namespaced_job(  # a dict, as in create
-                    self.ns, obj, dry_run="All", _preload_content=False),  # type: ignore[arg-type]
+                    self.ns, obj, dry_run="All", _preload_content=False,  # type: ignore[arg-type]
+                    _request_timeout=REQUEST_SECONDS),
                 warnings,
             )
             return warnings
@@ -228,7 +234,8 @@ class Kube:
     async def get_job(self, name: str) -> dict[str, Any] | None:
         try:
             return await patiently(f"reading Job {name}", lambda: self._json(
-                self.batch.read_namespaced_job(name, self.ns, _preload_content=False)))
+                self.batch.read_namespaced_job(name, self.ns, _preload_content=False,
+                                              _request_timeout=REQUEST_SECONDS)))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -239,7 +246,8 @@ class Kube:
         try:
             await patiently(f"deleting Job {name}", lambda: self._json(
                 self.batch.delete_namespaced_job(
-                    name, self.ns, propagation_policy="Background", _preload_content=False
+                    name, self.ns, propagation_policy="Background", _preload_content=False,
+                    _request_timeout=REQUEST_SECONDS,
                 )
             ))
             return True
@@ -266,7 +274,8 @@ class Kube:
         """Jobs, pods or events of the namespace matching a label (and field) selector."""
         return await patiently(f"listing {kind}", lambda: self._json(
             self._lister(kind)(
-                self.ns, **self._selectors(selector, fields), _preload_content=False
+                self.ns, **self._selectors(selector, fields), _preload_content=False,
+                _request_timeout=REQUEST_SECONDS,
             )
         ))
 
