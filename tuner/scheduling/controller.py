@@ -321,14 +321,17 @@ class SweepController:
         self.pool_queued = (trial_id, reason)
         self.ledger.set_reasons({trial_id: reason})
 
-    def _queue_behind_owner(self) -> None:
+    async def _queue_behind_owner(self) -> None:
         """Over its owner's cap: the next trial waits as a pending row that says why (asked
-        ahead now if need be), until one of the owner's attempts ends and the host wakes us."""
+        ahead now if need be), until one of the owner's attempts ends and the host wakes us.
+        The reason's write waits out a database outage in a worker thread, not on the loop."""
         if self.ready is None:
             self._ask_ahead()
         elif self.ready != self.owner_queued:
             self.owner_queued = self.ready
-            self.ledger.set_reasons({self.ready: self.engine.limits.waiting_reason(self.owner)})
+            await off_the_loop_while_down(
+                self.ledger.set_reasons,
+                {self.ready: self.engine.limits.waiting_reason(self.owner)})
 
     async def _start_ready(self) -> None:
         """Start the trial asked ahead in the slot that just freed, before the bookkeeping of
@@ -345,7 +348,7 @@ class SweepController:
                     self.asking is not None or self.created >= self.spec.trials):
                 return  # (a trial being asked takes the slot once ready: it wakes the loop)
             if not self._owner_admits():
-                self._queue_behind_owner()
+                await self._queue_behind_owner()
                 return
             if not self._room():
                 return
