@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -138,10 +139,11 @@ def run_method(key: str, workload: str, seeds: list[int], trials: int, target: f
 
 
 def run_ray(workload: str, seeds: list[int], trials: int, target: float,
-            budget: int) -> list[dict[str, Any]]:
-    """The Ray Tune peer in its own interpreter (:data:`RAY_PYTHON`)."""
-    import subprocess
-
+            budget: int, stored: Path | None = None) -> list[dict[str, Any]]:
+    """The Ray Tune peer in its own interpreter (:data:`RAY_PYTHON`), or its output stored
+    from a run of ``benchmarks.peers.ray_search`` (``stored``: ``ray-<workload>.json``)."""
+    if stored is not None:
+        return _ray_runs(json.loads(stored.read_text()), target, budget)
     argv = [RAY_PYTHON, "-m", "benchmarks.peers.ray_search", "--workload", workload,
             "--trials", str(trials), "--parallelism", str(PARALLELISM),
             "--seeds", *map(str, seeds)]
@@ -152,7 +154,10 @@ def run_ray(workload: str, seeds: list[int], trials: int, target: float,
     if proc.returncode != 0 or not lines:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
         raise RuntimeError(f"ray_search exited with {proc.returncode}:\n{tail}")
-    out = json.loads(lines[-1])
+    return _ray_runs(json.loads(lines[-1]), target, budget)
+
+
+def _ray_runs(out: dict[str, Any], target: float, budget: int) -> list[dict[str, Any]]:
     runs = []
     for run in out["runs"]:
         trace = Trace(reports=run["reports"], ends=[tuple(e) for e in run["ends"]])
@@ -191,8 +196,29 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _one_seed(name: str, methods: list[str], seed: int, trials: int, target: float,
+              budget: int, cache: Path | None) -> tuple[dict[str, dict[str, Any]], int]:
+    """Every method on one workload and seed (a job of :func:`measure`'s pool): the runs by
+    method, with their seconds, and how many curves were trained."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    curves = Curves(WORKLOADS[name], cache / f"{name}.jsonl" if cache else None)
+    out = {}
+    for key in methods:
+        started = time.perf_counter()
+        run = run_method(key, name, [seed], trials, target, budget, curves)[0]
+        out[key] = {**run, "run_s": time.perf_counter() - started}
+    return out, curves.trained
+
+
 def measure(workloads: list[str], methods: list[str], seeds: list[int], trials: int,
-            ray: bool, log: Callable[[str], None]) -> dict[str, Any]:
+            ray: bool, log: Callable[[str], None], jobs: int = 1,
+            ray_from: Path | None = None, cache: Path | None = None) -> dict[str, Any]:
+    """Every method on every workload and seed; ``jobs`` (workload, seed) pairs at a time in
+    processes of their own (each trains its own curves). ``ray_from``: a directory of stored
+    Ray Tune peer outputs to read instead of running it; ``cache``: a directory of learning
+    curves shared by the processes (:class:`~benchmarks.search_sim.Curves`)."""
+    from concurrent.futures import ProcessPoolExecutor
+
     targets = load_targets()
     missing = [w for w in workloads if w not in targets]
     if missing:
@@ -200,27 +226,34 @@ def measure(workloads: list[str], methods: list[str], seeds: list[int], trials: 
                           "benchmarks.search_targets first")
     budget = trials * EPOCHS // 2
     result: dict[str, Any] = {"seeds": seeds, "trials": trials, "parallelism": PARALLELISM,
-                              "epochs": EPOCHS, "budget_epochs": budget, "workloads": {}}
+                              "epochs": EPOCHS, "budget_epochs": budget, "jobs": jobs,
+                              "workloads": {}}
+    pairs = [(name, seed) for name in workloads for seed in seeds]
+    log(f"search: {len(pairs)} (workload, seed) jobs, {jobs} at a time: {', '.join(methods)}")
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pair: pool.submit(_one_seed, pair[0], methods, pair[1], trials,
+                                     targets[pair[0]]["target"], budget, cache)
+                   for pair in pairs}
+        done = {pair: f.result() for pair, f in futures.items()}
     for name in workloads:
         target = targets[name]["target"]
-        curves = Curves(WORKLOADS[name])
         out: dict[str, Any] = {"target": targets[name], "description":
-                               WORKLOADS[name].description, "methods": {}}
+                               WORKLOADS[name].description, "methods": {},
+                               "curves_trained": sum(done[(name, s)][1] for s in seeds)}
         for key in methods:
-            log(f"search: {name}, {key}, seeds {seeds}")
-            started = time.perf_counter()
-            runs = run_method(key, name, seeds, trials, target, budget, curves)
-            out["methods"][key] = {**aggregate(runs), "run_s": time.perf_counter() - started}
-        if ray:
+            out["methods"][key] = aggregate([done[(name, s)][0][key] for s in seeds])
+        if ray or ray_from:
             log(f"search: {name}, Ray Tune, seeds {seeds}")
+            stored = ray_from / f"ray-{name}.json" if ray_from else None
             try:
-                out["methods"]["ray"] = aggregate(run_ray(name, seeds, trials, target, budget))
-            except (RuntimeError, OSError) as exc:
+                out["methods"]["ray"] = aggregate(
+                    run_ray(name, seeds, trials, target, budget, stored))
+                out["ray_stored"] = stored is not None
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
                 out["ray_error"] = str(exc)
         elif not RAY_PYTHON:
             out["ray_error"] = ("not run: set TUNEHUB_BENCH_RAY_PYTHON to a Python with "
                                 "ray[tune] (see benchmarks/peers/ray_search.py)")
-        out["curves_trained"] = curves.trained
         result["workloads"][name] = out
     return result
 
@@ -267,7 +300,9 @@ class SearchBenchmark(Benchmark):
         seeds = list(range(1, ctx.size("search_seeds", 1, 5) + 1))
         trials = ctx.size("search_trials", 6, 40)
         ray = bool(ctx.size("search_ray", 0, 1)) and bool(RAY_PYTHON)
-        return measure(sorted(WORKLOADS), list(METHODS), seeds, trials, ray, ctx.log)
+        jobs = ctx.size("search_jobs", 1, 1)
+        return measure(sorted(WORKLOADS), list(METHODS), seeds, trials, ray, ctx.log, jobs,
+                       cache=ctx.scratch / "curves")
 
     def headline(self, result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         rows: list[tuple[str, str, bool | None]] = []
@@ -313,12 +348,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--ray", action="store_true", help="also Ray Tune (RAY_PYTHON)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="(workload, seed) pairs run at a time, each in a process")
+    parser.add_argument("--ray-from", type=Path,
+                        help="read Ray Tune's runs from DIR/ray-<workload>.json (the peer's "
+                             "output) instead of running it")
+    parser.add_argument("--curves", type=Path,
+                        help="keep learning curves in DIR/<workload>.jsonl, shared by the "
+                             "jobs and by later runs")
     parser.add_argument("--json", type=Path, help="write the raw result here")
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     result = measure(args.workload or sorted(WORKLOADS), args.methods, args.seeds,
                      args.trials, args.ray and bool(RAY_PYTHON),
-                     lambda m: print(f"[search] {m}", file=sys.stderr, flush=True))
+                     lambda m: print(f"[search] {m}", file=sys.stderr, flush=True),
+                     args.jobs, args.ray_from, args.curves)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(SearchBenchmark().render(result))

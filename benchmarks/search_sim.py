@@ -20,8 +20,10 @@ Two ways of driving Optuna:
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -30,18 +32,45 @@ from benchmarks.search_workloads import EPOCHS, SPACE, Workload, train
 
 
 class Curves:
-    """Learning curves by configuration, trained on first use."""
+    """Learning curves by configuration, trained on first use; with ``path``, also kept in a
+    JSON-lines file shared by every process of a run (and runs after it: the training is
+    deterministic, so a stored curve is the one training would produce again, with the
+    seconds it took when it was trained)."""
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, path: Path | None = None) -> None:
         self.workload = workload
-        self._known: dict[tuple[Any, ...], tuple[list[float], list[float]]] = {}
+        self.path = path
+        self._known: dict[str, tuple[list[float], list[float]]] = {}
         self.trained = 0
+        self._loaded = 0
+
+    def _key(self, params: dict[str, Any]) -> str:
+        return json.dumps(sorted(params.items()))
+
+    def _load(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        with self.path.open() as f:
+            f.seek(self._loaded)
+            for line in f:
+                if not line.endswith("\n"):
+                    break  # another process is writing it
+                self._loaded += len(line.encode())
+                row = json.loads(line)
+                self._known[row["key"]] = (row["values"], row["seconds"])
 
     def get(self, params: dict[str, Any]) -> tuple[list[float], list[float]]:
-        key = tuple(sorted(params.items()))
+        key = self._key(params)
         if key not in self._known:
-            self._known[key] = train(self.workload, params)
+            self._load()
+        if key not in self._known:
+            values, seconds = train(self.workload, params)
+            self._known[key] = (values, seconds)
             self.trained += 1
+            if self.path is not None:
+                line = json.dumps({"key": key, "values": values, "seconds": seconds}) + "\n"
+                with self.path.open("a") as f:
+                    f.write(line)  # one append of one line: whole lines for the readers
         return self._known[key]
 
 

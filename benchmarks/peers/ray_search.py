@@ -1,9 +1,9 @@
 """Ray Tune on a search workload (:mod:`benchmarks.search_workloads`): ``OptunaSearch`` (TPE)
 and ``ASHAScheduler`` at their defaults (grace period 1, reduction factor 4), ``max_t`` = the
 workload's epochs, ``max_concurrent_trials`` at a time, actors reused, one ``tune.report``
-per epoch. Runs in a
-virtual environment of its own (Ray's pins differ from tunehub's), with only numpy and
-scikit-learn from this repository's code.
+per epoch. Runs in a virtual environment of its own (Ray's pins differ from tunehub's), with
+only numpy and scikit-learn from this repository's code; a Ray cluster of its own
+(``address="local"``) on loopback.
 
 Prints one JSON object: per seed, every epoch report (seconds since ``fit`` started) and every
 trial's end; trials ASHA stopped are trained to the end afterwards (the training is
@@ -119,7 +119,7 @@ def main() -> None:
 
     import ray
 
-    ray.init(num_cpus=args.parallelism, include_dashboard=False,
+    ray.init(address="local", num_cpus=args.parallelism, include_dashboard=False,
              _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="warning")
     try:
         with tempfile.TemporaryDirectory(prefix="ray-search-") as tmp:
