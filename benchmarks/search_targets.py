@@ -1,7 +1,7 @@
 """The target of each search workload: the best 5 % of random configurations' final value,
 measured once and kept in ``search_targets.json`` with how it was made.
 
-``python -m benchmarks.search_targets [--configs 200] [--workload NAME]`` trains that many
+``python -m benchmarks.search_targets [--configs 500] [--workload NAME]`` trains that many
 configurations drawn by Optuna's ``RandomSampler`` (seed 1000, which no benchmark seed uses)
 from :data:`benchmarks.search_workloads.SPACE` to the end, and records the 95th percentile of
 their final values (nearest rank) with the whole distribution's quantiles.
@@ -67,7 +67,7 @@ def load() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", type=int, default=200)
+    parser.add_argument("--configs", type=int, default=500)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), action="append")
     args = parser.parse_args()
     for name in args.workload or sorted(WORKLOADS):
