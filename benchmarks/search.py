@@ -39,6 +39,14 @@ PARALLELISM = 2
 #: The Ray Tune peer's interpreter: a virtual environment with ``ray[tune]``, optuna, numpy and
 #: scikit-learn (``python -m venv DIR && DIR/bin/pip install 'ray[tune]' optuna scikit-learn``).
 RAY_PYTHON = os.environ.get("TUNEHUB_BENCH_RAY_PYTHON", "")
+#: A directory holding the Ray Tune peer's stored output (``ray-<workload>.json``) to read
+#: instead of running it; and one of learning curves kept from an earlier run (the training is
+#: deterministic: a stored curve is what training the configuration again gives).
+RAY_FROM = os.environ.get("TUNEHUB_BENCH_RAY_FROM", "")
+CURVES = os.environ.get("TUNEHUB_BENCH_SEARCH_CURVES", "")
+#: The measurement the defaults were chosen by: ``python -m benchmarks.search --json`` with
+#: the candidates (see :data:`CANDIDATES`), rendered under the benchmark's table.
+CHOSEN_BY = Path(__file__).resolve().parent / "search_candidates.json"
 
 Study = Callable[[int, int], optuna.Study]  # (seed, trials) -> study
 
@@ -109,7 +117,8 @@ def tpe_with(startup: int, **pruner: Any) -> Study:
 
 _HB = {"type": "hyperband", "max_resource": EPOCHS, "reduction_factor": 3}
 #: Settings the defaults were chosen among (``--methods``): TPE's random startup trials, and
-#: tunehub's pruners (with its rules for small sweeps) at several minimum resources.
+#: tunehub's pruners (with its rules for small sweeps) at several minimum resources. ASHA's
+#: reduction factor is Optuna's default, 4 (tunehub's ``min_trials`` for it is still 3).
 CANDIDATES: dict[str, tuple[str, Study, str]] = {
     f"tpe{n}_{key}": (f"TPE ({n} startup) + {label}", tpe_with(n, **pruner), "controller")
     for n in (5, 10)
@@ -117,9 +126,9 @@ CANDIDATES: dict[str, tuple[str, Study, str]] = {
         ("none", "no pruner", {}),
         ("hb1", "Hyperband min 1, η 3", {**_HB, "min_resource": 1}),
         ("hb3", "Hyperband min 3, η 3", {**_HB, "min_resource": 3}),
-        ("asha1", "ASHA min 1, η 3", {"type": "asha", "min_resource": 1}),
-        ("asha3", "ASHA min 3, η 3", {"type": "asha", "min_resource": 3}),
-        ("ashaauto", "ASHA min auto, η 3", {"type": "asha"}),
+        ("asha1", "ASHA min 1, η 4", {"type": "asha", "min_resource": 1}),
+        ("asha3", "ASHA min 3, η 4", {"type": "asha", "min_resource": 3}),
+        ("ashaauto", "ASHA min auto, η 4", {"type": "asha"}),
         ("median", "median (5 startup, 3 warm-up)",
          {"type": "median", "n_startup_trials": 5, "n_warmup_steps": 3}),
     )
@@ -301,8 +310,10 @@ class SearchBenchmark(Benchmark):
         trials = ctx.size("search_trials", 6, 40)
         ray = bool(ctx.size("search_ray", 0, 1)) and bool(RAY_PYTHON)
         jobs = ctx.size("search_jobs", 1, 1)
-        return measure(sorted(WORKLOADS), list(METHODS), seeds, trials, ray, ctx.log, jobs,
-                       cache=ctx.scratch / "curves")
+        return {"quick": ctx.quick, **measure(
+                       sorted(WORKLOADS), list(METHODS), seeds, trials, ray, ctx.log, jobs,
+                       ray_from=Path(RAY_FROM) if RAY_FROM and not ctx.quick else None,
+                       cache=Path(CURVES) if CURVES else ctx.scratch / "curves")}
 
     def headline(self, result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         rows: list[tuple[str, str, bool | None]] = []
@@ -337,6 +348,19 @@ class SearchBenchmark(Benchmark):
         ]
         for name, w in result["workloads"].items():
             lines += render_workload(name, w, seeds) + [""]
+            if w.get("ray_stored"):
+                lines += ["Ray Tune's rows: its peer run in the same session, read from its "
+                          "stored output (`TUNEHUB_BENCH_RAY_FROM`).", ""]
+        if CHOSEN_BY.exists() and not result.get("quick"):
+            chosen = json.loads(CHOSEN_BY.read_text())
+            lines += ["### How the defaults were chosen", "",
+                      f"The same benchmark with the candidate settings "
+                      f"(`benchmarks/search_candidates.json`, seeds "
+                      f"{chosen['seeds'][0]}..{chosen['seeds'][-1]}, "
+                      f"{chosen['trials']} trials):", ""]
+            for name, w in chosen["workloads"].items():
+                w = {k: v for k, v in w.items() if k != "ray_error"}
+                lines += render_workload(name, w, len(chosen["seeds"])) + [""]
         return "\n".join(lines)
 
 
