@@ -68,6 +68,7 @@ class Curves:
             self._known[key] = (values, seconds)
             self.trained += 1
             if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
                 line = json.dumps({"key": key, "values": values, "seconds": seconds}) + "\n"
                 with self.path.open("a") as f:
                     f.write(line)  # one append of one line: whole lines for the readers
