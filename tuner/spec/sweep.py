@@ -45,6 +45,7 @@ from tuner.spec.values import (
     PrunerSpec,
     Resources,
     SpecError,
+    default_pruner,
     parse_duration,
     read_choice,
     read_int,
@@ -270,7 +271,7 @@ class SweepSpec:
     trials: int = _spec_field(_integer(minimum=1), 20)
     parallelism: int = _spec_field(_integer(minimum=1, maximum=MAX_PARALLELISM), 1)
     sampler: str = _spec_field(_one_of(SAMPLERS), "tpe")
-    pruner: PrunerSpec = _spec_field(_value(read_pruner), factory=PrunerSpec)
+    pruner: PrunerSpec = _spec_field(_value(read_pruner), factory=default_pruner)
     space: Mapping[str, Param] = _spec_field(_read_space, required=True)
     resources: Resources = _spec_field(_value(read_resources), factory=Resources)
     max_retries: int = _spec_field(_integer(minimum=0, maximum=MAX_RETRIES), 0)

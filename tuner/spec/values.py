@@ -189,9 +189,19 @@ def parse_duration(value: Any, field_name: str = "trial_timeout") -> float | Non
 # --- pruner, resources, promote --------------------------------------------------------------
 
 
+#: The pruner of a spec that names none (``pruner: none`` still turns pruning off). Chosen by
+#: measurement: ``benchmarks/search.py`` and the README's "Search defaults" (issue 28).
+DEFAULT_PRUNER: Mapping[str, Any] = {"type": "asha", "min_resource": 3}
+
+
+def default_pruner() -> PrunerSpec:
+    """A fresh :data:`DEFAULT_PRUNER` (the spec field's factory)."""
+    return read_pruner(DEFAULT_PRUNER)
+
+
 def read_pruner(raw: Any) -> PrunerSpec:
     if raw is None:
-        return PrunerSpec()
+        return default_pruner()
     if isinstance(raw, str):
         raw = {"type": raw}
     if not isinstance(raw, Mapping):
