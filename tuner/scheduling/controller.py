@@ -31,6 +31,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from tunehub_base.options import setting
 from tunehub_base.settings import Settings
 from tuner import metrics
 from tuner.backends._base import (
@@ -57,6 +58,7 @@ from tuner.lifecycle.states import (
 from tuner.lifecycle.trial_paths import TrialPaths
 from tuner.limits import Limits
 from tuner.scheduling.attempts import Running, RunningAttempts
+from tuner.scheduling.objectives import BadReport, check_final_report, objective_values
 from tuner.scheduling.promotion import SweepOrigin, register_best
 from tuner.scheduling.recovery import Recovery
 from tuner.scheduling.trial_env import AttemptIdentity, new_token, token_matches, trial_env
@@ -416,11 +418,11 @@ class SweepController:
 
     def report(
         self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
-        last: bool = False,
+        last: bool = False, metrics: dict[str, float] | None = None,
     ) -> bool:
         """A running attempt's report; returns whether the trial should be pruned."""
         began = time.perf_counter()
-        pruned = self._judge(trial_id, token, attempt, value, step, last)
+        pruned = self._judge(trial_id, token, attempt, value, step, last, metrics)
         for observer in self.engine.observers:
             observer.on_report(self.sweep_id, trial_id, step, value, pruned,
                                time.perf_counter() - began)
@@ -428,18 +430,27 @@ class SweepController:
 
     def _judge(
         self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
-        last: bool,
+        last: bool, metrics: dict[str, float] | None = None,
     ) -> bool:
         rt = self.running.get(trial_id)
         if rt is None or not token_matches(token, rt.token_hash):
             raise Unauthorized("this token is not valid for that trial")
         if attempt != rt.attempt:
             raise Unauthorized(f"attempt {attempt} of this trial is no longer running")
+        if metrics is not None:
+            if step is not None:
+                raise BadReport("metrics", "several metrics are a final report: no step")
+            value = check_final_report(self.spec, metrics)
+            rt.final_metrics = dict(metrics)
+        elif step is None and self.spec.multi_objective:
+            check_final_report(self.spec, {self.spec.metric: value})
         if step is None:
             rt.final_value = value
             return False
         self.ledger.record_report(trial_id, step, value)
         rt.last_value, rt.last_step = value, step
+        if self.spec.multi_objective:
+            return False  # kept for the charts; Optuna neither takes nor prunes it
         rt.optuna_trial.report(value, step)
         if not last and rt.optuna_trial.should_prune():
             rt.pruned = True
@@ -574,9 +585,11 @@ class SweepController:
         started in the freed slot). A shutdown waits for the thread: the controller lets go
         of the sweep only after what it began is written and told."""
         def finish() -> Counts:
+            now, why, figures, values = self._figures(rt, state, value, reason)
             return self.ledger.finish_trial(
-                self.sweep_id, rt.trial_id, state, value, reason,
+                self.sweep_id, rt.trial_id, now, value, why,
                 has_model=rt.paths.has_model(), direction=self.spec.direction, teller=self.study,
+                figures=figures, values=values,
             )
 
         began = time.perf_counter()
@@ -590,6 +603,36 @@ class SweepController:
         for observer in self.engine.observers:
             observer.on_trial_end(self.sweep_id, rt.trial_id, state, value,
                                   time.perf_counter() - began)
+
+    def _figures(
+        self, rt: Running, state: TrialState, value: float | None, reason: str | None,
+    ) -> tuple[TrialState, str | None, dict[str, float] | None, list[float] | None]:
+        """A finishing trial's metrics: what it reported, and, when the sweep uses them, the
+        serving figures of its model measured now (:mod:`tuner.serving.cost`; seconds, in
+        the finishing thread). A multi-objective trial missing one of its values fails with
+        the reason."""
+        figures = dict(rt.final_metrics or {})
+        if state != TrialState.COMPLETED:
+            return state, reason, figures or None, None
+        if self.spec.serving_figures() and rt.paths.has_model():
+            from tuner.serving.cost import CostError, measure_trial_model
+            from tuner.serving.intake import ModelRefused
+
+            settings = self.engine.settings
+            try:
+                figures.update(measure_trial_model(
+                    rt.paths.artifact_dir / "model", settings.sweeps_dir,
+                    setting("TUNEHUB_MODEL_MAX_BYTES").number()))
+            except (CostError, ModelRefused, OSError) as exc:
+                reason = f"serving cost not measured: {exc}"
+        values = objective_values(self.spec, value, figures)
+        if self.spec.multi_objective and values is None:
+            missing = [o.name for o in self.spec.objectives
+                       if o.name not in figures and o.name != self.spec.metric]
+            why = reason or ("no model to measure (call tuner.save_model)"
+                             if not rt.paths.has_model() else "not measured")
+            return TrialState.FAILED, f"{', '.join(missing)} missing: {why}", figures, None
+        return state, reason, figures or None, values
 
     # --- the end -------------------------------------------------------------------------
 

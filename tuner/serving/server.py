@@ -222,10 +222,12 @@ class StatusHandler(_Handler):
         self.finish(json.dumps({"model_version_status": status}))
 
 
-def make_app(registry: Registry, model: str,
-             limits: RequestLimits | None = None) -> tornado.web.Application:
-    server = ModelServer(registry, model,
-                         setting("TUNEHUB_SERVE_MAX_CLIENT_REQUESTS").number())
+def make_app(registry: Registry, model: str, limits: RequestLimits | None = None,
+             server: ModelServer | None = None) -> tornado.web.Application:
+    """The serving routes; ``server``: the versions they serve (the registry's by default;
+    the serving-cost measurement passes one model directory, :mod:`tuner.serving.cost`)."""
+    server = server or ModelServer(registry, model,
+                                   setting("TUNEHUB_SERVE_MAX_CLIENT_REQUESTS").number())
     kw = {"server": server}
     name = r"([a-z0-9-]+)"
     # Bounded before any route sees a request, as every tunehub server (request_bounds).

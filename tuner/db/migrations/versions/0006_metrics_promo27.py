@@ -1,0 +1,28 @@
+"""every metric a trial reported and the serving figures tunehub measured, on the trial and on
+the model version chosen from it (promotion under a budget, multi-objective sweeps)
+
+Revision ID: 0006_metrics_promo27
+Revises: 0005
+"""
+from alembic import op
+import sqlalchemy as sa
+
+
+revision = '0006_metrics_promo27'
+down_revision = '0005'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('tunehub_trials') as batch:
+        batch.add_column(sa.Column('metrics', sa.JSON(), nullable=True))
+    with op.batch_alter_table('tunehub_model_versions') as batch:
+        batch.add_column(sa.Column('metrics', sa.JSON(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('tunehub_model_versions') as batch:
+        batch.drop_column('metrics')
+    with op.batch_alter_table('tunehub_trials') as batch:
+        batch.drop_column('metrics')
