@@ -83,17 +83,27 @@ def cmd_show(args: argparse.Namespace) -> int:
         print_json(views)
         return 0
     table = Table(title=f"Model {args.name}")
-    for col in ("version", "stage", "metric", "sweep", "trial", "params", "created"):
+    for col in ("version", "stage", "metric", "serving", "sweep", "trial", "params", "created"):
         table.add_column(col)
     for v in views:
         value = "-" if v["metric_value"] is None else f"{v['metric']}={v['metric_value']:.4g}"
         params = ", ".join(f"{k}={_short(x)}" for k, x in v["params"].items())
-        table.add_row(str(v["version"]), v["stage"] or "-", value, str(v["sweep_id"] or "-"),
+        table.add_row(str(v["version"]), v["stage"] or "-", value, _serving(v["metrics"]),
+                      str(v["sweep_id"] or "-"),
                       str(v["trial_number"] if v["trial_number"] is not None else "-"), params,
                       (v["created_at"] or "")[:19])
     console.print(table)
     console.print(f"stored under {context.settings().registry / args.name}")
     return 0
+
+
+def _serving(metrics: dict[str, float] | None) -> str:
+    """The serving figures tunehub measured of a version (README: promotion under a budget)."""
+    m = metrics or {}
+    if "serving_latency_p95_ms" not in m:
+        return "-"
+    return (f"p95 {m['serving_latency_p95_ms']:.3g} ms, "
+            f"{m.get('model_size_mb', float('nan')):.3g} MB")
 
 
 def _short(value: object) -> str:

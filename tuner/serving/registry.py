@@ -65,6 +65,7 @@ class Registry:
         code_location: str | None = None,
         data_path: str | None = None,
         trusted: Path = Path("/"),
+        metrics: dict[str, float] | None = None,
     ) -> ModelVersion:
         """Copy a SavedModel in as the model's next version and record its lineage. The name
         must be ``owner``'s, or free (then it becomes theirs): :mod:`tuner.serving.names`.
@@ -101,6 +102,7 @@ class Registry:
                 params=dict(params or {}),
                 code_location=code_location,
                 data_path=data_path,
+                metrics=dict(metrics) if metrics else None,
             )
             s.add(row)
         return row

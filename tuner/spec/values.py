@@ -311,9 +311,9 @@ def read_constraints(raw: Any) -> dict[str, float]:
 def read_metrics(raw: Any) -> tuple[Objective, ...]:
     """``metrics: [{name: val_accuracy, direction: maximize}, ...]`` (a bare name means
     maximize, or minimize for a serving figure); the first is the primary metric."""
-    if raw is None:
+    if raw is None or raw == []:
         return ()
-    if not isinstance(raw, list) or not raw:
+    if not isinstance(raw, list):
         raise SpecError("metrics", "expected a list of {name, direction}")
     if len(raw) > MAX_OBJECTIVES:
         raise SpecError("metrics", f"at most {MAX_OBJECTIVES} metrics, got {len(raw)}")
