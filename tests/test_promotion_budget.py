@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -51,10 +52,10 @@ tuner.report({"val_accuracy": float(history.history["val_accuracy"][-1]),
 SPACE = {"units": {"type": "categorical", "choices": [2, 32, 1024]}}
 
 
-def _run(home: Home, spec: Path) -> dict[str, object]:
+def _run(home: Home, spec: Path) -> dict[str, Any]:
     proc = home.cli("sweep", "run", str(spec), "--wait", "--json", timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out: dict[str, object] = parse_json(proc.stdout)
+    out: dict[str, Any] = parse_json(proc.stdout)
     assert out["state"] == "completed", (out, proc.stderr[-3000:])
     return out
 
@@ -70,7 +71,7 @@ def test_the_most_accurate_model_over_budget_is_not_promoted(sqlite_home: Home,
                  "constraints": {"size_mb": 1.0, "latency_p95_ms": 5000}},
     )
     out = _run(sqlite_home, spec)
-    trials = {t["params"]["units"]: t for t in out["trials_detail"]}  # type: ignore[attr-defined]
+    trials = {t["params"]["units"]: t for t in out["trials_detail"]}
     for units, t in trials.items():
         m = t["metrics"]
         # What the trial reported, and what tunehub measured of its model.
@@ -110,7 +111,7 @@ def test_the_most_accurate_model_over_budget_is_not_promoted(sqlite_home: Home,
         promote={"model": "digits", "constraints": {"size_mb": 0.001}},
     )
     second = _run(sqlite_home, spec)
-    [trial] = second["trials_detail"]  # type: ignore[misc]
+    [trial] = second["trials_detail"]
     size = trial["metrics"]["model_size_mb"]
     assert second["reason"] == (
         "nothing promoted: no model meets the budget (model_size_mb <= 0.001): model_size_mb: "

@@ -52,9 +52,9 @@ def best_trial_with_model(db: Database, sweep_id: int, direction: str) -> Trial 
         )
 
 
-def candidates(db: Database, sweep_id: int) -> list[Candidate]:
+def candidates(db: Database, sweep_id: int, metric: str) -> list[Candidate]:
     """Every completed trial of the sweep that saved a model, with its figures (what it
-    reported, what tunehub measured of its model, and its primary value)."""
+    reported, what tunehub measured of its model, and its primary value as ``metric``)."""
     with db.session() as s:
         rows = s.scalars(
             select(Trial).where(
@@ -64,7 +64,8 @@ def candidates(db: Database, sweep_id: int) -> list[Candidate]:
                 Trial.value.is_not(None),
             ).order_by(Trial.number)
         ).all()
-        return [Candidate(r.number, float(r.value or 0.0), dict(r.metrics or {})) for r in rows]
+        return [Candidate(r.number, float(r.value or 0.0),
+                          {**(r.metrics or {}), metric: float(r.value or 0.0)}) for r in rows]
 
 
 def _trial(db: Database, sweep_id: int, number: int) -> Trial | None:
@@ -85,7 +86,8 @@ def register_best(
     chosen_why = ""
     if promote.constraints:
         ways = directions(spec)
-        chosen, chosen_why = choose(candidates(ledger.db, origin.sweep_id), promote.constraints,
+        chosen, chosen_why = choose(candidates(ledger.db, origin.sweep_id, spec.metric),
+                                    promote.constraints,
                                     ways, spec.direction)
         if chosen is None:
             log.info("sweep %s: nothing promoted: %s", origin.sweep_id, chosen_why)

@@ -297,7 +297,7 @@ def read_constraints(raw: Any) -> dict[str, float]:
     metric of the sweep is checked with the whole spec (:mod:`tuner.spec.sweep`)."""
     if raw is None:
         return {}
-    if not isinstance(raw, Mapping) or not raw:
+    if not isinstance(raw, Mapping):
         raise SpecError("promote.constraints",
                         "expected a mapping of metric names to bounds, e.g. {latency_p95_ms: 5}")
     out: dict[str, float] = {}
