@@ -130,3 +130,30 @@ def test_the_budget_picks_the_best_within_it_or_says_what_failed_by_how_much() -
                          floor.promote.constraints, directions(floor),
                          "maximize")
     assert chosen is None and "nearest trial 1 acc 0.95 < 0.97 (by 0.02)" in why
+
+
+def test_the_pareto_chart_has_the_front_the_budget_and_the_chosen_model() -> None:
+    from tuner.sdk.pareto import pareto_data, pareto_figure
+
+    s = spec(metrics=METRICS, promote={"model": "m", "constraints": {"latency_p95_ms": 5}})
+
+    def trial(n: int, acc: float, p95: float, state: str = "completed") -> dict[str, Any]:
+        return {"number": n, "state": state, "value": acc, "has_model": True,
+                "metrics": {"val_accuracy": acc, "serving_latency_p95_ms": p95}}
+
+    trials = [trial(0, 0.99, 9.0), trial(1, 0.95, 4.0), trial(2, 0.80, 1.0),
+              trial(3, 0.90, 4.5), trial(4, 0.5, 0.1, "failed")]
+    data = pareto_data(s, trials)
+    assert data is not None
+    assert (data.x, data.y, data.bound, data.chosen) == ("serving_latency_p95_ms",
+                                                         "val_accuracy", 5.0, 1)
+    # Trial 3 is dominated by trial 1 (faster and more accurate); the failed one is not drawn.
+    assert [p[0] for p in data.front] == [2, 1, 0]
+    assert sorted(p[0] for p in data.points) == [0, 1, 2, 3]
+    fig = pareto_figure(data)
+    names = [t.name for t in fig.data]
+    assert names == ["trials", "Pareto front", "chosen: trial 1"]
+    assert list(fig.data[2].x) == [4.0] and list(fig.data[2].y) == [0.95]
+    assert [shape.x0 for shape in fig.layout.shapes] == [5.0]  # the budget line
+    # One metric and no budget: no chart.
+    assert pareto_data(spec(metric="val_accuracy"), trials) is None
