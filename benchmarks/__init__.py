@@ -18,6 +18,7 @@ def all_benchmarks() -> list[Benchmark]:
     from benchmarks.pool import PoolBenchmark
     from benchmarks.resume import ResumeBenchmark
     from benchmarks.scale import ScaleBenchmark
+    from benchmarks.serving_cost import ServingCostBenchmark
     from benchmarks.start_latency import StartLatencyBenchmark
     from benchmarks.tpe_view import TpeViewBenchmark
     from benchmarks.warm_imports import WarmImportsBenchmark
@@ -33,6 +34,7 @@ def all_benchmarks() -> list[Benchmark]:
         KubernetesBenchmark(),
         HubBenchmark(),
         PoolBenchmark(),
+        ServingCostBenchmark(),
     ]
 
 

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -622,7 +623,7 @@ class SweepController:
             try:
                 figures.update(measure_trial_model(
                     rt.paths.artifact_dir / "model", settings.sweeps_dir,
-                    setting("TUNEHUB_MODEL_MAX_BYTES").number()))
+                    setting("TUNEHUB_MODEL_MAX_BYTES").number(), become=self._as_owner()))
             except (CostError, ModelRefused, OSError) as exc:
                 reason = f"serving cost not measured: {exc}"
         values = objective_values(self.spec, value, figures)
@@ -633,6 +634,17 @@ class SweepController:
                              if not rt.paths.has_model() else "not measured")
             return TrialState.FAILED, f"{', '.join(missing)} missing: {why}", figures, None
         return state, reason, figures or None, values
+
+    def _as_owner(self) -> Callable[[], None] | None:
+        """Where people have Unix users, what makes a child process the sweep's owner (the
+        serving-cost server runs their model's graph); None where they do not."""
+        unix = getattr(self.backend, "unix", None)
+        if unix is None:
+            return None
+        from tunehub_base.unix_users import privilege_dropper
+
+        dropper: Callable[[], None] = privilege_dropper(unix.require(self.owner))
+        return dropper
 
     # --- the end -------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,26 +84,31 @@ def budget_cpus(cpus: int) -> set[int]:
 
 
 def measure_trial_model(source: Path, trusted: Path, max_bytes: int,
-                        method: CostMethod = CostMethod()) -> dict[str, float]:
+                        method: CostMethod = CostMethod(),
+                        become: Callable[[], None] | None = None) -> dict[str, float]:
     """The serving figures of a trial's model directory ``source`` (below ``trusted``, a
-    directory only the platform changes): copied in the registry's way, then measured."""
+    directory only the platform changes): copied in the registry's way, then measured.
+    ``become``: makes the measuring server the model's owner (between fork and exec), where
+    people have Unix users: a model's graph runs with its owner's rights, never root's."""
     from tuner.serving.intake import copy_model
 
     scratch = Path(tempfile.mkdtemp(prefix="tunehub-cost-"))
     try:
+        os.chmod(scratch, 0o755)  # readable by the owner's server; writable by root alone
         copy = scratch / "model"
         copy_model(source, copy, max_bytes, trusted)
-        return measure(copy, method)
+        return measure(copy, method, become)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def measure(model_dir: Path, method: CostMethod = CostMethod()) -> dict[str, float]:
+def measure(model_dir: Path, method: CostMethod = CostMethod(),
+            become: Callable[[], None] | None = None) -> dict[str, float]:
     """Serve ``model_dir`` (a SavedModel the platform holds) as the module text says and
     return ``model_size_mb``, ``serving_latency_p50_ms`` and ``serving_latency_p95_ms``."""
     with _ONE_AT_A_TIME:
         size = size_mb(model_dir)
-        latencies = _timed_requests(model_dir, method)
+        latencies = _timed_requests(model_dir, method, become)
     latencies.sort()
     return {
         "model_size_mb": round(size, 4),
@@ -118,13 +123,15 @@ def _rank(ordered: list[float], q: float) -> float:
     return ordered[index]
 
 
-def _timed_requests(model_dir: Path, method: CostMethod) -> list[float]:
+def _timed_requests(model_dir: Path, method: CostMethod,
+                    become: Callable[[], None] | None) -> list[float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEHUB_TRIAL")}
     env["TUNEHUB_COST_CPUS"] = ",".join(str(c) for c in sorted(budget_cpus(method.cpus)))
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     child = subprocess.Popen(
         [sys.executable, "-m", "tuner.serving.cost", str(model_dir)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        preexec_fn=become, cwd="/",
     )
     try:
         hello = _first_line(child, START_TIMEOUT)
