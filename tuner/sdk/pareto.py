@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.lifecycle.states import TrialState
 from tuner.scheduling.budget import Candidate, choose, directions
 from tuner.spec import SweepSpec
 
@@ -63,7 +64,7 @@ def pareto_data(spec: SweepSpec, trials: Sequence[Mapping[str, Any]]) -> ParetoD
     points: list[tuple[int, float, float]] = []
     candidates: list[Candidate] = []
     for t in trials:
-        if t.get("state") != "completed" or t.get("value") is None:
+        if t.get("state") != TrialState.COMPLETED or t.get("value") is None:
             continue
         figures = {**(t.get("metrics") or {}), spec.metric: float(t["value"])}
         if x in figures:
