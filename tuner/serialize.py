@@ -78,6 +78,7 @@ def model_version_view(mv: ModelVersion) -> dict[str, Any]:
         "direction": mv.direction,
         "metric_value": mv.metric_value,
         "metrics": mv.metrics,
+        "history": mv.history or [],
         "sweep_id": mv.sweep_id,
         "trial_number": mv.trial_number,
         "params": mv.params,

@@ -180,6 +180,7 @@ SCHEMAS: dict[str, Any] = {
         "code_location": _nullable("string"),
         "data_path": _nullable("string"),
         "metrics": _nullable("object"),
+        "history": {"type": "array", "items": {"type": "object"}},
         "created_at": _TIME,
         "promoted_at": _TIME,
     }),

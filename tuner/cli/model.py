@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 
 from rich.table import Table
 
@@ -40,6 +41,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("name")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8501)
+    serve.add_argument("--canary-share", type=_share, default=None, metavar="FRACTION",
+                       help="release the canary gradually: this share of the production "
+                            "route's requests goes to it (e.g. 0.1)")
+    serve.add_argument("--canary-requests", type=_version, default=100, metavar="N",
+                       help="clean canary answers after which it takes production (100)")
+    serve.add_argument("--canary-errors", type=int, default=0, metavar="N",
+                       help="canary errors tolerated; one more rolls it back (0)")
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -47,6 +55,16 @@ def _version(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"version must be a positive number, got {text!r}")
     return int(text)
+
+
+def _share(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return share
 
 
 def registry() -> Registry:
@@ -130,8 +148,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"serving {args.name} (production; labels stable/canary) on "
         f"http://{args.host}:{args.port}/v1/models/{args.name}:predict  (Ctrl-C stops)"
     )
+    canary = None
+    if args.canary_share is not None:
+        from tuner.serving.canary import CanaryPolicy
+
+        canary = CanaryPolicy(args.canary_share, args.canary_requests,
+                              max(0, args.canary_errors))
+        console.print(f"canary release: {args.canary_share:g} of requests to the canary, "
+                      f"production after {args.canary_requests} clean answers")
     try:
-        asyncio.run(serve(reg, args.name, args.host, args.port))
+        asyncio.run(serve(reg, args.name, args.host, args.port, canary))
     except OSError as exc:
         raise CliError(
             f"--port: cannot listen on {args.host}:{args.port}: {exc.strerror}"

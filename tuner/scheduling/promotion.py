@@ -142,9 +142,11 @@ def _apply(registry: Registry, version: ModelVersion, promote: Promote,
                 figures.setdefault(current.metric, current.metric_value)
             over = breaches(figures, promote.constraints, ways)
             if over:
-                registry.promote(version.model, version.version, "production", is_admin=True)
-                return True, (f"production v{current.version} is over the budget: "
-                              + "; ".join(str(b) for b in over))
+                why = (f"production v{current.version} is over the budget: "
+                       + "; ".join(str(b) for b in over))
+                registry.promote(version.model, version.version, "production", is_admin=True,
+                                 reason=f"sweep {version.sweep_id}, policy if-better: {why}")
+                return True, why
     return registry.apply_policy(version, promote.policy)
 
 

@@ -132,8 +132,10 @@ class Registry:
         stage: str = "production",
         actor: str = "",
         is_admin: bool = False,
+        reason: str = "",
     ) -> ModelVersion:
-        """Give ``stage`` to ``version``; whoever held it is archived."""
+        """Give ``stage`` to ``version``; whoever held it is archived. Both moves go into the
+        versions' history with ``reason`` (by default, who did it)."""
         if stage not in STAGES:
             raise RegistryError(f"stage: expected {' | '.join(STAGES)}, got {stage!r}")
         with self.db.session() as s:
@@ -153,10 +155,28 @@ class Registry:
                     ModelVersion.id != row.id,
                 )
             )
+            why = reason or (f"promoted by {actor}" if actor else "promoted")
             for old in holders:
                 old.stage = ARCHIVED
+                _note(old, ARCHIVED, f"v{version} took {stage}: {why}")
             row.stage = stage
             row.promoted_at = utcnow()
+            _note(row, stage, why)
+        self.write_serving_config()
+        return row
+
+    def retire(self, model: str, version: int, reason: str) -> ModelVersion:
+        """Take its stage from ``version`` (a canary rolled back), saying why."""
+        with self.db.session() as s:
+            row = s.scalar(
+                select(ModelVersion).where(
+                    ModelVersion.model == model, ModelVersion.version == version
+                ).with_for_update()
+            )
+            if row is None:
+                raise NotFound(f"model {model} has no version {version}")
+            row.stage = ARCHIVED
+            _note(row, ARCHIVED, reason)
         self.write_serving_config()
         return row
 
@@ -210,10 +230,14 @@ class Registry:
                     f"{version.metric}={version.metric_value:.4g} does not beat production "
                     f"v{current.version} ({current.metric_value:.4g})"
                 )
-        self.promote(version.model, version.version, "production", is_admin=True)
         if current is None or current.id == version.id:
-            return True, "first production version"
-        return True, f"beats production v{current.version}" if policy == "if-better" else ""
+            why = "first production version"
+        else:
+            why = f"beats production v{current.version}" if policy == "if-better" else ""
+        self.promote(version.model, version.version, "production", is_admin=True,
+                     reason=f"sweep {version.sweep_id}, policy {policy}"
+                            + (f": {why}" if why else ""))
+        return True, why
 
     # --- reading -------------------------------------------------------------------------
 
@@ -273,3 +297,8 @@ class Registry:
         if owner is None or not (is_admin or owner == actor):
             raise NotFound(f"model {model} not found")
 
+
+def _note(row: ModelVersion, stage: str, reason: str) -> None:
+    """Append a move to a version's history (a new list: the JSON column sees the change)."""
+    row.history = [*(row.history or []),
+                   {"stage": stage, "reason": reason, "at": utcnow().isoformat() + "Z"}]
