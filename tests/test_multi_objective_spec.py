@@ -66,6 +66,8 @@ def test_metrics_make_the_first_the_primary_and_round_trip() -> None:
          "promote.constraints.size_mb", "finite number"),
         ({"metric": "a", "promote": {"model": "m", "constraints": [1]}},
          "promote.constraints", "mapping"),
+        ({"metric": "a", "promote": {"model": "m", "stage": "staging"}},
+         "promote.stage", "production | canary"),
     ],
 )
 def test_a_wrong_multi_objective_spec_names_its_field(changes: dict[str, Any], field: str,

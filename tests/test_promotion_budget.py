@@ -120,3 +120,18 @@ def test_the_most_accurate_model_over_budget_is_not_promoted(sqlite_home: Home,
     assert "no model meets the budget" in shown
     after = json.loads(sqlite_home.cli("model", "show", "digits", "--json", check=True).stdout)
     assert [(v["version"], v["stage"]) for v in after] == [(1, "production")]
+
+    # A sweep may send its model to canary first (``model serve`` releases it gradually):
+    # production stays, the history says which sweep and policy put it there.
+    spec = write_sweep(
+        tmp_path / "code3", TRAIN, name="to-canary", trials=1, parallelism=1, sampler="grid",
+        metric="val_accuracy", space={"units": {"type": "categorical", "choices": [8]}},
+        promote={"model": "digits", "policy": "always", "stage": "canary",
+                 "constraints": {"size_mb": 1.0}},
+    )
+    third = _run(sqlite_home, spec)
+    assert third["reason"].startswith("digits v2 promoted to canary"), third["reason"]
+    after = json.loads(sqlite_home.cli("model", "show", "digits", "--json", check=True).stdout)
+    stages = {v["version"]: v for v in after}
+    assert (stages[1]["stage"], stages[2]["stage"]) == ("production", "canary")
+    assert stages[2]["history"][-1]["reason"] == f"sweep {third['id']}, policy always"

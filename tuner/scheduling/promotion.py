@@ -123,7 +123,7 @@ def register_best(
         ledger.note(origin.sweep_id, f"model not registered: {exc}")
         return
     promoted, why = _apply(registry, version, promote, directions(spec))
-    text = _outcome(version, promoted, why)
+    text = _outcome(version, promoted, why, promote.stage)
     if chosen_why:
         text += f" (trial {best.number}: {chosen_why})"
     log.info("sweep %s: %s", origin.sweep_id, text)
@@ -144,15 +144,15 @@ def _apply(registry: Registry, version: ModelVersion, promote: Promote,
             if over:
                 why = (f"production v{current.version} is over the budget: "
                        + "; ".join(str(b) for b in over))
-                registry.promote(version.model, version.version, "production", is_admin=True,
+                registry.promote(version.model, version.version, promote.stage, is_admin=True,
                                  reason=f"sweep {version.sweep_id}, policy if-better: {why}")
                 return True, why
-    return registry.apply_policy(version, promote.policy)
+    return registry.apply_policy(version, promote.policy, promote.stage)
 
 
-def _outcome(version: ModelVersion, promoted: bool, why: str) -> str:
+def _outcome(version: ModelVersion, promoted: bool, why: str, stage: str = "production") -> str:
     return (
         f"{version.model} v{version.version} "
-        + ("promoted to production" if promoted else "registered, not promoted")
+        + (f"promoted to {stage}" if promoted else "registered, not promoted")
         + (f": {why}" if why else "")
     )

@@ -208,8 +208,11 @@ class Registry:
         return [ServedModel(m, s.get("production"), s.get("canary"), s.get("previous"))
                 for m, s in stages.items()]
 
-    def apply_policy(self, version: ModelVersion, policy: str) -> tuple[bool, str]:
-        """A sweep's promotion policy for its new version; returns (promoted, why)."""
+    def apply_policy(self, version: ModelVersion, policy: str,
+                     stage: str = "production") -> tuple[bool, str]:
+        """A sweep's promotion policy for its new version; returns (promoted, why). ``stage``:
+        where it goes, production or canary (judged against production either way: a canary
+        is a candidate for production)."""
         if policy not in POLICIES:
             raise RegistryError(f"policy: expected {' | '.join(POLICIES)}, got {policy!r}")
         if policy == "never":
@@ -231,10 +234,10 @@ class Registry:
                     f"v{current.version} ({current.metric_value:.4g})"
                 )
         if current is None or current.id == version.id:
-            why = "first production version"
+            why = "first production version" if stage == "production" else ""
         else:
             why = f"beats production v{current.version}" if policy == "if-better" else ""
-        self.promote(version.model, version.version, "production", is_admin=True,
+        self.promote(version.model, version.version, stage, is_admin=True,
                      reason=f"sweep {version.sweep_id}, policy {policy}"
                             + (f": {why}" if why else ""))
         return True, why

@@ -26,6 +26,8 @@ Direction = Literal["maximize", "minimize"]  # as Optuna's create_study takes it
 DIRECTIONS: tuple[Direction, ...] = ("maximize", "minimize")
 #: A sweep's promotion policy for the version it registers (see tuner.serving.registry.Registry).
 POLICIES = ("if-better", "always", "never")
+#: Where a sweep's promoted model goes.
+PROMOTE_STAGES = ("production", "canary")
 #: Figures the platform measures for every trial that saved a model (:mod:`tuner.serving.cost`),
 #: all to minimize: a spec may name them as objectives in ``metrics`` and bound them in
 #: ``promote.constraints``; trials never report them (a trial cannot grade its own serving).
@@ -96,6 +98,9 @@ class Resources:
 class Promote:
     model: str
     policy: str = "if-better"
+    #: Where a promoted model goes: production, or canary first (``model serve`` releases it
+    #: gradually, :mod:`tuner.serving.canary`).
+    stage: str = "production"
     #: A budget the promoted model must meet: metric (or serving figure) -> bound; an upper
     #: bound for a metric to minimize, a lower one for a metric to maximize.
     constraints: Mapping[str, float] = field(default_factory=dict)
@@ -288,7 +293,12 @@ def read_promote(raw: Any) -> Promote | None:
     policy = raw.get("policy", default_of(Promote, "policy"))
     if policy not in POLICIES:
         raise SpecError("promote.policy", f"expected one of {' | '.join(POLICIES)}, got {policy!r}")
-    return Promote(model=model, policy=policy, constraints=read_constraints(raw.get("constraints")))
+    stage = raw.get("stage", default_of(Promote, "stage"))
+    if stage not in PROMOTE_STAGES:
+        raise SpecError("promote.stage",
+                        f"expected one of {' | '.join(PROMOTE_STAGES)}, got {stage!r:.60}")
+    return Promote(model=model, policy=policy, stage=stage,
+                   constraints=read_constraints(raw.get("constraints")))
 
 
 def read_constraints(raw: Any) -> dict[str, float]:
