@@ -159,3 +159,33 @@ def test_the_pareto_chart_has_the_front_the_budget_and_the_chosen_model() -> Non
     assert [shape.x0 for shape in fig.layout.shapes] == [5.0]  # the budget line
     # One metric and no budget: no chart.
     assert pareto_data(spec(metric="val_accuracy"), trials) is None
+
+
+def test_the_code_digest_follows_content_and_never_a_link(tmp_path: Any) -> None:
+    from tuner.serving.intake import ModelRefused
+    from tuner.serving.lineage import tree_digest
+
+    trusted = tmp_path / "sweeps"
+    code = trusted / "1" / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "train.py").write_text("print(1)\n")
+    (code / "pkg" / "util.py").write_text("X = 1\n")
+    first = tree_digest(code, trusted)
+    assert first.startswith("sha256:") and first == tree_digest(code, trusted)
+    (code / "pkg" / "util.py").write_text("X = 2\n")
+    changed = tree_digest(code, trusted)
+    assert changed != first
+    # A link to a secret is named, not followed: the secret's bytes do not change the digest.
+    secret = tmp_path / "secret"
+    secret.write_text("one")
+    (code / "leak").symlink_to(secret)
+    with_link = tree_digest(code, trusted)
+    secret.write_text("two")
+    assert tree_digest(code, trusted) == with_link != changed
+    # The snapshot's own directory swapped for a link is refused, not walked.
+    (trusted / "2").mkdir()
+    (trusted / "2" / "code").symlink_to(code)
+    with pytest.raises(ModelRefused, match="not a directory"):
+        tree_digest(trusted / "2" / "code", trusted)
+    with pytest.raises(ModelRefused, match="not inside"):
+        tree_digest(tmp_path, trusted)

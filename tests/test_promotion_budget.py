@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import Home
 from tests.sweeps_helpers import parse_json, write_sweep
+from tuner.serving.lineage import tree_digest
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +103,11 @@ def test_the_most_accurate_model_over_budget_is_not_promoted(sqlite_home: Home,
     assert version["stage"] == "production"
     assert version["trial_number"] == chosen["number"] != best_overall["number"]
     assert version["metrics"] == chosen["metrics"]
+    # Lineage: the content digest of the sweep's code snapshot, and the move with its reason.
+    assert version["code_digest"] == tree_digest(
+        sqlite_home.path / "sweeps" / str(out["id"]) / "code", sqlite_home.path / "sweeps")
+    assert version["history"][-1]["reason"] == (
+        f"sweep {out['id']}, policy if-better: first production version")
 
     # A second sweep whose only model breaks a tiny budget promotes nothing and says by how
     # much; production stays where it was.

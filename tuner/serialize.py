@@ -79,6 +79,7 @@ def model_version_view(mv: ModelVersion) -> dict[str, Any]:
         "metric_value": mv.metric_value,
         "metrics": mv.metrics,
         "history": mv.history or [],
+        "code_digest": mv.code_digest,
         "sweep_id": mv.sweep_id,
         "trial_number": mv.trial_number,
         "params": mv.params,

@@ -181,6 +181,7 @@ SCHEMAS: dict[str, Any] = {
         "data_path": _nullable("string"),
         "metrics": _nullable("object"),
         "history": {"type": "array", "items": {"type": "object"}},
+        "code_digest": _nullable("string"),
         "created_at": _TIME,
         "promoted_at": _TIME,
     }),

@@ -167,6 +167,8 @@ class ModelVersion(Base):
     data_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The metrics and serving figures it was chosen on (its trial's ``metrics``).
     metrics: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    # The content digest of the sweep's code snapshot (tuner.serving.lineage): "sha256:...".
+    code_digest: Mapped[str | None] = mapped_column(String(80), nullable=True)
     # Every move between stages: [{"stage", "reason", "at"}], oldest first.
     history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

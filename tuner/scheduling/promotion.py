@@ -118,6 +118,7 @@ def register_best(
             # the directory of all sweeps is the platform's alone.
             trusted=settings.sweeps_dir,
             metrics=dict(best.metrics or {}),
+            code_digest=_code_digest(origin, settings),
         )
     except TunehubError as exc:  # e.g. the model name was taken while the sweep ran
         ledger.note(origin.sweep_id, f"model not registered: {exc}")
@@ -128,6 +129,20 @@ def register_best(
         text += f" (trial {best.number}: {chosen_why})"
     log.info("sweep %s: %s", origin.sweep_id, text)
     ledger.note(origin.sweep_id, text, model_version_id=version.id)
+
+
+def _code_digest(origin: SweepOrigin, settings: Settings) -> str | None:
+    """The code snapshot's content digest for the version's lineage; None (logged) when the
+    sweep has no snapshot or it cannot be walked."""
+    if origin.code_dir is None:
+        return None
+    from tuner.serving.lineage import tree_digest
+
+    try:
+        return tree_digest(origin.code_dir, settings.sweeps_dir)
+    except (TunehubError, OSError) as exc:
+        log.warning("sweep %s: no code digest: %s", origin.sweep_id, exc)
+        return None
 
 
 def _apply(registry: Registry, version: ModelVersion, promote: Promote,

@@ -66,6 +66,7 @@ class Registry:
         data_path: str | None = None,
         trusted: Path = Path("/"),
         metrics: dict[str, float] | None = None,
+        code_digest: str | None = None,
     ) -> ModelVersion:
         """Copy a SavedModel in as the model's next version and record its lineage. The name
         must be ``owner``'s, or free (then it becomes theirs): :mod:`tuner.serving.names`.
@@ -103,6 +104,7 @@ class Registry:
                 code_location=code_location,
                 data_path=data_path,
                 metrics=dict(metrics) if metrics else None,
+                code_digest=code_digest,
             )
             s.add(row)
         return row

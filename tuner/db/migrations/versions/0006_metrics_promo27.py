@@ -21,10 +21,12 @@ def upgrade() -> None:
     with op.batch_alter_table('tunehub_model_versions') as batch:
         batch.add_column(sa.Column('metrics', sa.JSON(), nullable=True))
         batch.add_column(sa.Column('history', sa.JSON(), nullable=True))
+        batch.add_column(sa.Column('code_digest', sa.String(length=80), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table('tunehub_model_versions') as batch:
+        batch.drop_column('code_digest')
         batch.drop_column('history')
         batch.drop_column('metrics')
     with op.batch_alter_table('tunehub_trials') as batch:
