@@ -125,11 +125,10 @@ def _rank(ordered: list[float], q: float) -> float:
 
 def _timed_requests(model_dir: Path, method: CostMethod,
                     become: Callable[[], None] | None) -> list[float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEHUB_TRIAL")}
-    env["TUNEHUB_COST_CPUS"] = ",".join(str(c) for c in sorted(budget_cpus(method.cpus)))
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    cpus = ",".join(str(c) for c in sorted(budget_cpus(method.cpus)))
     child = subprocess.Popen(
-        [sys.executable, "-m", "tuner.serving.cost", str(model_dir)],
+        [sys.executable, "-m", "tuner.serving.cost", str(model_dir), cpus],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
         preexec_fn=become, cwd="/",
     )
@@ -211,10 +210,11 @@ def _predict(conn: http.client.HTTPConnection, body: bytes) -> float:
 # --- the measuring server (the child) ---------------------------------------------------------
 
 
-def _serve(model_dir: str) -> None:
-    """Pinned, one thread per pool, the serving app over one model; says its port and inputs
-    on stdout and serves until stdin closes or it is terminated."""
-    cpus = {int(c) for c in os.environ["TUNEHUB_COST_CPUS"].split(",")}
+def _serve(model_dir: str, cpu_list: str) -> None:
+    """Pinned to ``cpu_list`` ("3" or "2,3"), one thread per pool per CPU, the serving app over
+    one model; says its port and inputs on stdout and serves until stdin closes or it is
+    terminated."""
+    cpus = {int(c) for c in cpu_list.split(",")}
     os.sched_setaffinity(0, cpus)
     import asyncio
 
@@ -262,4 +262,4 @@ def _serve(model_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], sys.argv[2])
