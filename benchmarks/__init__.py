@@ -20,6 +20,7 @@ def all_benchmarks() -> list[Benchmark]:
     from benchmarks.resume import ResumeBenchmark
     from benchmarks.scale import ScaleBenchmark
     from benchmarks.search import SearchBenchmark
+    from benchmarks.serving_cost import ServingCostBenchmark
     from benchmarks.start_latency import StartLatencyBenchmark
     from benchmarks.tpe_view import TpeViewBenchmark
     from benchmarks.warm_imports import WarmImportsBenchmark
@@ -37,6 +38,7 @@ def all_benchmarks() -> list[Benchmark]:
         HubBenchmark(),
         PoolBenchmark(),
         FaultsBenchmark(),
+        ServingCostBenchmark(),
     ]
 
 

@@ -82,7 +82,10 @@ def tpe_startup_trials(trials: int) -> int:
 
 def make_pruner(spec: SweepSpec) -> BasePruner:
     """Optuna's pruner for the spec, behind tunehub's two rules for small sweeps
-    (:mod:`tuner.search.pruning`)."""
+    (:mod:`tuner.search.pruning`). A multi-objective sweep is never pruned: Optuna's pruners
+    judge one objective (the spec refuses a pruner named with several metrics)."""
+    if spec.multi_objective:
+        return optuna.pruners.NopPruner()
     opts = {k: v for k, v in spec.pruner.options.items() if k not in OUR_PRUNER_OPTIONS}
     kind = spec.pruner.type
     inner: BasePruner
@@ -160,7 +163,7 @@ def create_study(
         storage=storage_for(url),
         sampler=make_sampler(spec),
         pruner=make_pruner(spec),
-        direction=spec.direction,
+        directions=[o.direction for o in spec.objectives],
         load_if_exists=True,
     )
     if owner is not None:
