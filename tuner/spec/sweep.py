@@ -218,6 +218,14 @@ def _read_metrics(r: _Reading, key: str, _default: Any) -> tuple[Objective, ...]
     return objectives
 
 
+def _read_pruner(r: _Reading, key: str, _default: Any) -> PrunerSpec:
+    """The pruner; a multi-objective sweep that names none gets ``none`` rather than the
+    default pruner, which it could not use (see :func:`_read_metrics`)."""
+    if r.data.get(key) is None and len(r.done["metrics"]) > 1:
+        return read_pruner("none")
+    return read_pruner(r.data.get(key))
+
+
 def _read_promote_budget(r: _Reading, key: str, _default: Any) -> Promote | None:
     """``promote``, its constraints naming only what the sweep measures: its metrics and the
     serving figures tunehub takes of every saved model."""
@@ -327,7 +335,7 @@ class SweepSpec:
     trials: int = _spec_field(_integer(minimum=1), 20)
     parallelism: int = _spec_field(_integer(minimum=1, maximum=MAX_PARALLELISM), 1)
     sampler: str = _spec_field(_one_of(SAMPLERS), "tpe")
-    pruner: PrunerSpec = _spec_field(_value(read_pruner), factory=default_pruner)
+    pruner: PrunerSpec = _spec_field(_read_pruner, factory=default_pruner)
     space: Mapping[str, Param] = _spec_field(_read_space, required=True)
     resources: Resources = _spec_field(_value(read_resources), factory=Resources)
     max_retries: int = _spec_field(_integer(minimum=0, maximum=MAX_RETRIES), 0)
