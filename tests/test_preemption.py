@@ -277,6 +277,19 @@ def _hub(hub: TunerHub, method: str, path: str, **kwargs: Any) -> httpx.Response
                          headers={"Authorization": f"token {hub.admin_token}"}, **kwargs)
 
 
+def submit_one_gpu_trial(hub: TunerHub, client: httpx.Client) -> int:
+    """A sweep of one checkpointing 1-GPU trial (``TRAIN``), submitted by ``client``: the
+    trial a notebook's request preempts."""
+    path = write_sweep(hub.data / "code", TRAIN, trials=1, parallelism=1, max_retries=0,
+                       pruner="none", direction="maximize", resources={"gpu": 1},
+                       trial_timeout="10m")
+    spec = yaml.safe_load(path.read_text())
+    spec["code"] = str(path.parent)
+    r = client.post("sweeps", json={"spec": spec})
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
 def test_a_gpu_notebook_preempts_a_trial_which_resumes_from_its_checkpoint(
     gpu_hub: TunerHub,
 ) -> None:
@@ -284,14 +297,7 @@ def test_a_gpu_notebook_preempts_a_trial_which_resumes_from_its_checkpoint(
     ana = hub.client(hub.token("ana", SUBMIT))
     bob_token = hub.token("bob", SUBMIT)
     bob = hub.client(bob_token)
-    path = write_sweep(hub.data / "code", TRAIN, trials=1, parallelism=1, max_retries=0,
-                       pruner="none", direction="maximize", resources={"gpu": 1},
-                       trial_timeout="10m")
-    spec = yaml.safe_load(path.read_text())
-    spec["code"] = str(path.parent)
-    r = ana.post("sweeps", json={"spec": spec})
-    assert r.status_code == 201, r.text
-    sweep_id = r.json()["id"]
+    sweep_id = submit_one_gpu_trial(hub, ana)
 
     def trial() -> dict[str, Any]:
         trials = ana.get(f"sweeps/{sweep_id}/trials").json()
@@ -422,14 +428,7 @@ def test_a_tuner_killed_mid_preemption_loses_nothing(gpu_hub: TunerHub) -> None:
     trial, back in the queue, resumes from that checkpoint once the notebook is gone."""
     hub = gpu_hub
     ana = hub.client(hub.token("ana", SUBMIT))
-    path = write_sweep(hub.data / "code", TRAIN, trials=1, parallelism=1, max_retries=0,
-                       pruner="none", direction="maximize", resources={"gpu": 1},
-                       trial_timeout="10m")
-    spec = yaml.safe_load(path.read_text())
-    spec["code"] = str(path.parent)
-    r = ana.post("sweeps", json={"spec": spec})
-    assert r.status_code == 201, r.text
-    sweep_id = r.json()["id"]
+    sweep_id = submit_one_gpu_trial(hub, ana)
 
     def trial() -> dict[str, Any]:
         trials = ana.get(f"sweeps/{sweep_id}/trials").json()
