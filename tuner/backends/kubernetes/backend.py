@@ -30,6 +30,7 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tuner.backends._base import Backend, TrialEvent, TrialLaunch
+from tuner.backends.kubernetes import kueue
 from tuner.backends.kubernetes import manifests as m
 from tuner.backends.kubernetes.api import (
     ClusterUnavailable,
@@ -68,6 +69,8 @@ class _Attempt:
     stop_reason: str | None = None
     pod_reason: str | None = None
     waiting: str | None = None  # why its pods cannot be created yet (last reported)
+    workload: dict[str, Any] | None = None  # its Kueue Workload, as last watched
+    evicted: str | None = None  # Kueue evicted it (the Workload's message): it is preempted
     pods: set[str] = field(default_factory=set)
     unschedulable: asyncio.TimerHandle | None = None
 
@@ -86,6 +89,8 @@ class KubernetesBackend(Backend):
         self._held: dict[str, deque[TrialLaunch]] = {}  # over the per-user cap, by owner
         self._watches: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: A Workload changed: queue positions may have moved (see :meth:`_follow_queue`).
+        self._queue_moved = asyncio.Event()
 
     @classmethod
     def from_env(cls) -> KubernetesBackend:
@@ -133,8 +138,15 @@ class KubernetesBackend(Backend):
                 "may not watch Events: trials waiting for their pods (quota, Pod Security) "
                 "cannot say why")),
         ]
+        if self.settings.queue:
+            watches.append(Watch(self.kube, "workloads", ("", None), self._on_workload,
+                                 if_forbidden=("may not watch Kueue Workloads: trials waiting "
+                                               "in the queue cannot say why, and one Kueue "
+                                               "evicts is not known as preempted")))
         loop = asyncio.get_running_loop()
         self._watches = [loop.create_task(w.run(), name=f"k8s-watch-{w.kind}") for w in watches]
+        if self.settings.queue:
+            self._watches.append(loop.create_task(self._follow_queue(), name="k8s-kueue-queue"))
         error = ""
         try:
             await asyncio.wait_for(
@@ -308,6 +320,9 @@ class KubernetesBackend(Backend):
             return
         att.confirmed = True
         outcome = job_outcome(job)
+        if outcome is None and att.started and (job.get("spec") or {}).get("suspend"):
+            await self._on_evicted(att, job)
+            return
         if outcome is not None:
             kind, reason = outcome
             if kind == EventKind.FAILED and "DeadlineExceeded" not in reason:
@@ -318,6 +333,66 @@ class KubernetesBackend(Backend):
         elif job_started(job) and not att.started:
             att.started = True
             await self._emit(att.launch, EventKind.STARTED)
+
+    # --- Kueue ---------------------------------------------------------------------------
+
+    async def _on_evicted(self, att: _Attempt, job: dict[str, Any]) -> None:
+        """Kueue suspended the running Job again (evicted: a higher-priority workload or
+        a notebook took its quota). Once its pods are gone (SIGTERM, the grace period: the
+        trial saves a checkpoint), the Job is deleted so that Kueue does not run this attempt
+        again beside the next one, and the attempt ends ``preempted``: the trial goes back
+        to the queue with its number and parameters, not failed, no retry used."""
+        status = job.get("status") or {}
+        if status.get("active") or status.get("terminating"):
+            return  # its pods are still stopping
+        why = att.evicted or (kueue.eviction(att.workload) if att.workload else None)
+        reason = (f"preempted: Kueue evicted it ({why or 'its Job was suspended'}); it "
+                  "resumes from its last checkpoint")
+        att.stop_reason = reason  # its pods are gone: no log to read
+        try:
+            await self._api().delete_job(att.job)
+        except Exception as exc:  # its TTL or cleanup() removes it later
+            log.warning("deleting evicted Job %s: %s", att.job, describe(exc))
+        await self._finish(att, EventKind.PREEMPTED, reason)
+
+    async def _on_workload(self, workload: dict[str, Any], deleted: bool = False) -> None:
+        """Kueue's Workload of an attempt's Job: an eviction is remembered for the Job's
+        suspension (:meth:`_on_evicted`); any change may move the queue's positions."""
+        self._queue_moved.set()
+        att = self._attempts.get(kueue.workload_job(workload) or "")
+        if att is None or att.done or deleted:
+            return
+        att.workload = workload
+        evicted = kueue.eviction(workload)
+        if evicted and att.started:
+            att.evicted = evicted
+
+    async def _follow_queue(self) -> None:
+        """Each waiting attempt's reason, with its place in the queue: after Workloads change,
+        one read of the visibility API for the LocalQueue (the positions are not watchable)."""
+        queue = (f"ClusterQueue {self.settings.cluster_queue}" if self.settings.cluster_queue
+                 else f"LocalQueue {self.settings.queue}")
+        while True:
+            await self._queue_moved.wait()
+            self._queue_moved.clear()
+            waiting = [a for a in self._attempts.values() if not a.done and not a.started
+                       and a.workload is not None
+                       and kueue.waiting_reason(a.workload, queue, None) is not None]
+            if not waiting:
+                continue
+            try:
+                summary = await self._api().pending_workloads(self.settings.queue)
+            except Exception as exc:  # positions are a nicety: say why without them
+                log.warning("reading Kueue's pending workloads: %s", describe(exc))
+                summary = None
+            places = kueue.positions(summary) if summary is not None else {}
+            for att in waiting:
+                if att.done or att.started or att.workload is None:
+                    continue
+                reason = kueue.waiting_reason(att.workload, queue, places.get(att.job))
+                if reason is not None and reason != att.waiting:
+                    att.waiting = reason
+                    await self._emit(att.launch, EventKind.WAITING, reason)
 
     async def _pod_reason(self, att: _Attempt) -> str | None:
         """The Job failed before the pod watch told us why: read its pods once."""
@@ -361,12 +436,18 @@ class KubernetesBackend(Backend):
                 att.unschedulable.cancel()
                 att.unschedulable = None
             return
-        if problem.kind == "fatal" or self.settings.unschedulable_timeout <= 0:
+        timeout = self.settings.unschedulable_timeout
+        if problem.kind == "fatal" or timeout == 0:
             await self._stop(att, problem.reason)
+        elif timeout is None:  # it waits its turn, and says why
+            reason = f"waiting: {problem.reason}"
+            if reason != att.waiting:
+                att.waiting = reason
+                await self._emit(att.launch, EventKind.WAITING, reason)
         elif att.unschedulable is None:
             att.unschedulable = asyncio.get_running_loop().call_later(
-                self.settings.unschedulable_timeout, self._unschedulable_expired, att,
-                f"{problem.reason} (waited {self.settings.unschedulable_timeout:g}s)",
+                timeout, self._unschedulable_expired, att,
+                f"{problem.reason} (waited {timeout:g}s)",
             )
 
     def _unschedulable_expired(self, att: _Attempt, reason: str) -> None:
