@@ -332,6 +332,7 @@ class KubernetesBackend(Backend):
             await self._finish(att, EventKind.FAILED, att.stop_reason or "its Job was deleted")
         elif job_started(job) and not att.started:
             att.started = True
+            att.waiting = None  # what it waited for (quota, Kueue) is over
             await self._emit(att.launch, EventKind.STARTED)
 
     # --- Kueue ---------------------------------------------------------------------------
@@ -435,6 +436,9 @@ class KubernetesBackend(Backend):
             if att.unschedulable is not None:
                 att.unschedulable.cancel()
                 att.unschedulable = None
+            if att.waiting and (pod.get("status") or {}).get("phase") == "Running":
+                att.waiting = None  # it waited for a node: started again, the reason cleared
+                await self._emit(att.launch, EventKind.STARTED)
             return
         timeout = self.settings.unschedulable_timeout
         if problem.kind == "fatal" or timeout == 0:
