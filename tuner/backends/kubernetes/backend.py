@@ -376,24 +376,33 @@ class KubernetesBackend(Backend):
         while True:
             await self._queue_moved.wait()
             self._queue_moved.clear()
-            waiting = [a for a in self._attempts.values() if not a.done and not a.started
-                       and a.workload is not None
-                       and kueue.waiting_reason(a.workload, queue, None) is not None]
-            if not waiting:
-                continue
             try:
-                summary = await self._api().pending_workloads(self.settings.queue)
-            except Exception as exc:  # positions are a nicety: say why without them
-                log.warning("reading Kueue's pending workloads: %s", describe(exc))
-                summary = None
-            places = kueue.positions(summary) if summary is not None else {}
-            for att in waiting:
-                if att.done or att.started or att.workload is None:
-                    continue
-                reason = kueue.waiting_reason(att.workload, queue, places.get(att.job))
-                if reason is not None and reason != att.waiting:
-                    att.waiting = reason
-                    await self._emit(att.launch, EventKind.WAITING, reason)
+                await self._tell_places(queue)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad answer must not end the reasons of every trial
+                log.exception("telling waiting trials their place in the queue")
+
+    async def _tell_places(self, queue: str) -> None:
+        """The reason of each attempt waiting in Kueue, with its position."""
+        waiting = [a for a in self._attempts.values() if not a.done and not a.started
+                   and a.workload is not None
+                   and kueue.waiting_reason(a.workload, queue, None) is not None]
+        if not waiting:
+            return
+        try:
+            summary = await self._api().pending_workloads(self.settings.queue)
+        except Exception as exc:  # positions are a nicety: say why without them
+            log.warning("reading Kueue's pending workloads: %s", describe(exc))
+            summary = None
+        places = kueue.positions(summary) if summary is not None else {}
+        for att in waiting:
+            if att.done or att.started or att.workload is None:
+                continue
+            reason = kueue.waiting_reason(att.workload, queue, places.get(att.job))
+            if reason is not None and reason != att.waiting:
+                att.waiting = reason
+                await self._emit(att.launch, EventKind.WAITING, reason)
 
     async def _pod_reason(self, att: _Attempt) -> str | None:
         """The Job failed before the pod watch told us why: read its pods once."""
