@@ -243,6 +243,7 @@ def configure_kubespawner(c: Any, values: dict[str, Any] | None = None) -> None:
         # kueue.queueNotebooks: Kueue's pod integration admits notebook pods from the same
         # quota as sweeps, so notebook GPUs count against the pool.
         ks.extra_labels = {QUEUE_LABEL: names["localQueue"]}
+        ks.kueue_cluster_queue = names.get("clusterQueue") or ""
         if names.get("notebookWorkloadPriorityClass"):
             # Kueue orders (and preempts) by it: notebooks above every sweep.
             ks.extra_labels[PRIORITY_LABEL] = names["notebookWorkloadPriorityClass"]

@@ -498,6 +498,10 @@ def test_existing_cluster_queue_mode_creates_only_a_local_queue(
         "kueue.x-k8s.io/queue-name": RELEASE,
         "kueue.x-k8s.io/priority-class": f"{PC}-notebook-1000"}
     assert tuner_env["TUNEHUB_K8S_CLUSTER_QUEUE"] == "gpu-pool"
+    assert c.TunehubKubeSpawner.kueue_cluster_queue == "gpu-pool"  # named on the spawn page
+    hub_role = find(objects, "Role", f"{RELEASE}-hub")
+    assert {"apiGroups": ["visibility.kueue.x-k8s.io"], "verbs": ["get"],
+            "resources": ["localqueues/pendingworkloads"]} in hub_role["rules"]
 
 
 def test_emulated_kueue_serves_v1beta2_only_and_takes_the_charts_objects(kube: Any) -> None:
