@@ -64,6 +64,8 @@ class KueueController:
         # job uid -> (cluster queue, {resource: flavor}, usage per (flavor, resource))
         self.admitted: dict[str, tuple[str, dict[str, str], Usage]] = {}
         self._pending_msg: dict[str, str] = {}
+        #: Evicted and not admitted again: its Workload keeps ``Evicted`` while it waits.
+        self._evicted: dict[str, str] = {}
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -123,6 +125,8 @@ class KueueController:
         live = {o["metadata"]["uid"] for o in everything}
         for uid in [u for u in self.admitted if u not in live]:
             del self.admitted[uid]
+        for uid in [u for u in self._evicted if u not in live]:
+            del self._evicted[uid]
         out = []
         for obj in everything:
             meta = obj["metadata"]
@@ -269,13 +273,17 @@ class KueueController:
         if self._pending_msg.get(uid) == message:
             return
         self._pending_msg[uid] = message
-        await self._workload(job, {"conditions": [
-            self._condition("QuotaReserved", "False", "Pending", message)]})
+        conditions = [self._condition("QuotaReserved", "False", "Pending", message)]
+        if uid in self._evicted:
+            conditions.insert(0, self._condition("Evicted", "True", "Preempted",
+                                                 self._evicted[uid]))
+        await self._workload(job, {"conditions": conditions})
 
     async def _admit(self, job: JSON, cq: str, flavors: dict[str, str], usage: Usage) -> None:
         uid = job["metadata"]["uid"]
         self.admitted[uid] = (cq, flavors, usage)
         self._pending_msg.pop(uid, None)
+        self._evicted.pop(uid, None)
         pod_spec = copy.deepcopy(_pod_spec(job))
         for flavor_name in sorted(set(flavors.values())):
             flavor = self.flavors.cache.get(("", flavor_name)) or {"spec": {}}
@@ -317,6 +325,7 @@ class KueueController:
         message = (f"Preempted to accommodate a workload (UID: {by['metadata']['uid']}) "
                    "due to prioritization in the ClusterQueue")
         self._pending_msg[uid] = message
+        self._evicted[uid] = message
         await self._workload(victim, {"conditions": [
             self._condition("Evicted", "True", "Preempted", message),
             self._condition("QuotaReserved", "False", "Pending", message)]})

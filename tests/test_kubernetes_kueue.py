@@ -213,6 +213,46 @@ async def test_kueue_evicts_a_trial_for_a_notebook_and_it_resumes_as_preempted(
             ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get")} <= used
 
 
+async def test_an_eviction_while_the_tuner_was_down_is_a_preemption_after_its_restart(
+        queued: tuple[KubernetesBackend, Events], kube_env: KubeCluster) -> None:  # noqa: F811
+    """Kueue evicts the trial while no tuner runs; the restarted tuner adopts the suspended
+    Job, learns from its Workload that Kueue evicted it, and ends the attempt preempted."""
+    be, _ = queued
+    data = kube_env.data_dir
+    first = training_launch(kube_env, 1, 1, "low", data / "gate")
+    await be.launch(first)
+
+    async def progressed() -> bool:
+        progress = first.workdir / "progress"
+        return progress.exists() and int(progress.read_text() or 0) >= 2
+    await eventually(progressed, 60, "the trial to checkpoint")
+    await be.close()  # the tuner dies
+
+    kube_env.create(notebook("jupyter-bob", data / "notebook-done"))
+
+    async def evicted_and_stopped() -> bool:
+        job = kube_env.get("jobs", "tunehub-s3-t1-a1") or {}
+        return bool(job.get("spec", {}).get("suspend")) and not job["status"].get("active") \
+            and not job["status"].get("terminating")
+    await eventually(evicted_and_stopped, 60, "Kueue to evict the trial's Job")
+
+    restarted = KubernetesBackend.from_env()
+    events = Events()
+    restarted.subscribe(events)
+    await restarted.start()
+    try:
+        assert await restarted.reconcile(3, [first]) == {(1, 1)}
+        preempted = await final(events, 1, 1)
+        assert preempted.kind == "preempted", preempted
+        assert "Kueue evicted it (Preempted to accommodate a workload" in preempted.reason
+
+        async def gone() -> bool:
+            return kube_env.get("jobs", "tunehub-s3-t1-a1") is None
+        await eventually(gone, 60, "the evicted Job to be deleted")
+    finally:
+        await restarted.close()
+
+
 async def test_visibility_api_orders_by_priority_then_age(kube_env: KubeCluster  # noqa: F811
                                                           ) -> None:
     """The emulated visibility API as Kueue serves it: a LocalQueue's pending workloads with

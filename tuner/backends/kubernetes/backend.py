@@ -71,6 +71,7 @@ class _Attempt:
     waiting: str | None = None  # why its pods cannot be created yet (last reported)
     workload: dict[str, Any] | None = None  # its Kueue Workload, as last watched
     evicted: str | None = None  # Kueue evicted it (the Workload's message): it is preempted
+    last_job: dict[str, Any] | None = None  # its Job, as last watched
     pods: set[str] = field(default_factory=set)
     unschedulable: asyncio.TimerHandle | None = None
 
@@ -91,6 +92,9 @@ class KubernetesBackend(Backend):
         self._tasks: set[asyncio.Task[Any]] = set()
         #: A Workload changed: queue positions may have moved (see :meth:`_follow_queue`).
         self._queue_moved = asyncio.Event()
+        #: The namespace's Kueue Workloads by the name of their Job, as last watched: an
+        #: attempt adopted after a restart finds what Kueue said of it meanwhile.
+        self._workloads: dict[str, dict[str, Any]] = {}
 
     @classmethod
     def from_env(cls) -> KubernetesBackend:
@@ -319,8 +323,14 @@ class KubernetesBackend(Backend):
         if att is None or att.done:
             return
         att.confirmed = True
+        att.last_job = job
+        if att.workload is None and att.job in self._workloads:
+            await self._on_workload(self._workloads[att.job])  # adopted: what Kueue said
+            if att.done:
+                return
         outcome = job_outcome(job)
-        if outcome is None and att.started and (job.get("spec") or {}).get("suspend"):
+        if outcome is None and (job.get("spec") or {}).get("suspend") and (
+                att.started or att.evicted):
             await self._on_evicted(att, job)
             return
         if outcome is not None:
@@ -360,13 +370,24 @@ class KubernetesBackend(Backend):
         """Kueue's Workload of an attempt's Job: an eviction is remembered for the Job's
         suspension (:meth:`_on_evicted`); any change may move the queue's positions."""
         self._queue_moved.set()
-        att = self._attempts.get(kueue.workload_job(workload) or "")
-        if att is None or att.done or deleted:
+        job = kueue.workload_job(workload)
+        if job is None:
+            return  # a notebook's
+        if deleted:
+            self._workloads.pop(job, None)
+            return
+        self._workloads[job] = workload
+        att = self._attempts.get(job)
+        if att is None or att.done:
             return
         att.workload = workload
         evicted = kueue.eviction(workload)
-        if evicted and att.started:
+        if evicted and not att.evicted:
             att.evicted = evicted
+            suspended = att.last_job is not None and (att.last_job.get("spec") or {}).get(
+                "suspend")
+            if suspended and job_outcome(att.last_job or {}) is None:
+                await self._on_evicted(att, att.last_job or {})
 
     async def _follow_queue(self) -> None:
         """Each waiting attempt's reason, with its place in the queue: after Workloads change,
