@@ -15,14 +15,10 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tunehub_base.ordinal import ordinal
+
 VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta1"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-
-def ordinal(n: int) -> str:
-    """1 -> ``1st``, 12 -> ``12th``, 22 -> ``22nd``."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def queue_message(pod_name: str, summary: dict[str, Any], cluster_queue: str) -> str | None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunehub_base.ordinal import ordinal
+
 API_GROUP = "kueue.x-k8s.io"
 API_VERSION = "v1beta2"
 VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
@@ -50,12 +52,6 @@ def eviction(workload: dict[str, Any]) -> str | None:
     if not evicted or evicted.get("status") != "True":
         return None
     return str(evicted.get("message") or evicted.get("reason") or "evicted")
-
-
-def ordinal(n: int) -> str:
-    """1 -> ``1st``, 2 -> ``2nd``, 11 -> ``11th``, 23 -> ``23rd``."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def waiting_reason(workload: dict[str, Any], queue: str, position: int | None) -> str | None:
