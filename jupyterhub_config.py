@@ -47,7 +47,7 @@ c.JupyterHub.template_paths = [str(Path(local_spawner.__file__).parent / "templa
 sweeps_url = tuner_service.sweeps_page_url()
 c.JupyterHub.template_vars = {"tunehub_sweeps_url": sweeps_url, "tunehub_accounts": True}
 # Idle GPU servers warned, then stopped with a reason the home page shows (hub/gpu_reclaim.py).
-gpu_reclaim.configure(c)
+gpu_reclaim.configure(c, state)
 
 # A repeated identical error (an EMFILE storm) is written once per interval, with a count.
 limit_repeats("JupyterHub", "tornado", "asyncio")

@@ -12,6 +12,7 @@ from benchmarks._base import Benchmark, RunContext
 def all_benchmarks() -> list[Benchmark]:
     """Every benchmark, in the order they run and appear in RESULTS.md."""
     from benchmarks.digits import DigitsBenchmark
+    from benchmarks.faults import FaultsBenchmark
     from benchmarks.hub import HubBenchmark
     from benchmarks.kubernetes import KubernetesBenchmark
     from benchmarks.overhead import OverheadBenchmark
@@ -33,6 +34,7 @@ def all_benchmarks() -> list[Benchmark]:
         KubernetesBenchmark(),
         HubBenchmark(),
         PoolBenchmark(),
+        FaultsBenchmark(),
     ]
 
 

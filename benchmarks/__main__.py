@@ -77,6 +77,7 @@ SIZE_KEYS = {
     "kubernetes": "kube_trials (500)",
     "hub": "hub_users (50)",
     "pool": "pool_hours (9: simulated day at 64 GPUs), pool_scale_hours (3: at 1,000 GPUs)",
+    "faults": "none (the fault tests' own sizes)",
 }
 
 

@@ -13,8 +13,10 @@ Why the hub stops it, not the server itself: a stop through the hub is a stop ev
 server measures: in a pod only the pod sees its GPUs' pids; on one machine it is the same code.
 
 Exempt people and groups (``exempt``) are answered ``exempt: true``: their servers are never
-warned nor stopped for idle GPUs. Reasons are kept in the hub's memory: a hub restart forgets
-them (the server is already stopped; nothing else depends on them).
+warned nor stopped for idle GPUs. Reasons are kept in the hub's state directory
+(:mod:`hub.gpu_reclaim_reasons`), so a restarted hub still tells the person why; the latest
+reports are kept in memory only while their server keeps reporting (a stopped server's is
+dropped at its stop, or once it is :data:`STALE_SAMPLES` readings late).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -32,6 +34,7 @@ from tornado import web
 from traitlets import Float, List, Unicode, default
 from traitlets.config import Configurable
 
+from hub.gpu_reclaim_reasons import StopReasons
 from tunehub_base.gpu_meter import number_setting
 from tunehub_base.options import setting
 
@@ -41,6 +44,7 @@ ROUTE = r"/api/tunehub/gpu-use/([^/]+)"
 TEMPLATE_VAR = "tunehub_stop_reason"
 MAX_READINGS = 16  # GPUs one report may carry
 MAX_BODY = 64 * 1024  # bytes of one report (kept in the hub's memory)
+STALE_SAMPLES = 10  # readings missed before a server's report counts as gone
 
 #: On the hub's own ``/hub/metrics`` (JupyterHub's registry is prometheus_client's default).
 RECLAIMED = Counter("tunehub_gpu_servers_reclaimed",
@@ -106,20 +110,23 @@ class GpuReclaim(Configurable):
                 "enabled": self.warn_after > 0 and not exempt, "exempt": exempt}
 
 
-@dataclass
-class Stopped:
-    """Why a person's server was stopped, for the home page."""
-
-    reason: str
-    at: float
-
-
 class Ledger:
-    """The latest report of each server and the reasons of reclaimed ones (hub memory)."""
+    """The latest report of each running server (memory) and the reasons of reclaimed ones
+    (:class:`~hub.gpu_reclaim_reasons.StopReasons`, kept on disk once :func:`configure` names
+    the hub's state directory)."""
 
     def __init__(self) -> None:
         self.reports: dict[tuple[str, str], dict[str, Any]] = {}
-        self.stopped: dict[str, Stopped] = {}
+        self.stopped = StopReasons()
+
+    def keep_report(self, user: str, server: str, report: dict[str, Any],
+                    sample_seconds: float) -> None:
+        """The server's latest report; every report gone stale is dropped meanwhile."""
+        now = report["at"]
+        stale = now - max(60.0, STALE_SAMPLES * sample_seconds)
+        for key in [k for k, r in self.reports.items() if r["at"] < stale]:
+            del self.reports[key]
+        self.reports[(user, server)] = report
 
     def reason_for(self, user: Any) -> str:
         """The home page's note: why the person's server was stopped, while it is not running
@@ -186,6 +193,9 @@ class GpuUseHandler(APIHandler):
         config = self._config()
         exempt = config.is_exempt(user.name, [g.name for g in user.groups])
         reports = {s: r for (u, s), r in LEDGER.reports.items() if u == user.name}
+        for server in [s for s in reports if not _running(user, s)]:
+            del reports[server]  # stopped before its report went stale
+            LEDGER.reports.pop((user.name, server), None)
         stopped = LEDGER.stopped.get(user.name)
         self.write(json.dumps({"policy": config.policy(exempt), "servers": reports,
                                "stopped": stopped.__dict__ if stopped else None}))
@@ -200,16 +210,19 @@ class GpuUseHandler(APIHandler):
             raise web.HTTPError(400, f"server: {user.name} has no server {server!r}")
         config = self._config()
         exempt = config.is_exempt(user.name, [g.name for g in user.groups])
-        LEDGER.reports[(user.name, server)] = {
+        LEDGER.keep_report(user.name, server, {
             "readings": body.get("readings", []), "state": body.get("state", ""),
-            "note": body.get("note", ""), "at": time.time()}
+            "note": body.get("note", ""), "at": time.time()}, config.sample_seconds)
+        if spawner.active and not spawner.pending:
+            LEDGER.stopped.forget(user.name)  # running again: the last reason is past
         answer: dict[str, Any] = {"policy": config.policy(exempt), "stopping": False}
         if body.get("reclaim") and config.policy(exempt)["enabled"] and spawner.active \
                 and not spawner.pending:
             reason = (f"Your server was stopped to give its GPUs back: "
                       f"{body.get('note') or 'they stayed unused'}. Start it again when you "
                       "need a GPU; your files are kept.")
-            LEDGER.stopped[user.name] = Stopped(reason, time.time())
+            LEDGER.stopped.keep(user.name, reason, time.time())
+            LEDGER.reports.pop((user.name, server), None)
             self.log.warning("tunehub: reclaiming %s's GPU server %r: %s", user.name, server,
                              body.get("note"))
             # Not awaited: the server that asked is the one stopping (its request must end).
@@ -220,8 +233,15 @@ class GpuUseHandler(APIHandler):
         self.write(json.dumps(answer))
 
 
-def configure(c: Any) -> None:
-    """The endpoint and the home page's note (``c.GpuReclaim.*`` hold the policy)."""
+def _running(user: Any, server: str) -> bool:
+    spawner = user.spawners[server] if server in user.orm_spawners else None
+    return bool(spawner and spawner.active)
+
+
+def configure(c: Any, state_dir: str | Path | None = None) -> None:
+    """The endpoint and the home page's note (``c.GpuReclaim.*`` hold the policy); reasons
+    are kept in ``state_dir`` (the hub's own directory), in memory only without one."""
+    LEDGER.stopped = StopReasons(state_dir)
     c.JupyterHub.extra_handlers = [*c.JupyterHub.get("extra_handlers", []),
                                    (ROUTE, GpuUseHandler)]
     c.JupyterHub.template_vars = {**c.JupyterHub.get("template_vars", {}),

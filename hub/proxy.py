@@ -19,6 +19,10 @@ and two to plain HTTP, both felt as soon as more than a handful of people use th
 
 The Node.js proxy does all of this right; these overrides do what it does.
 
+A request body over ``TUNEHUB_PROXY_MAX_BODY`` (declared or chunked) is read and dropped and
+answered with the JSON 413 every tunehub server gives (:mod:`tunehub_base.request_bounds`),
+naming ``body`` and the setting; tornado's own cut at 100 MB was a bare 400 and a reset.
+
 And it is guarded against clients that hold connections open (:class:`GuardedHTTPServer`): 20
 processes holding half-sent requests once took all of its 20,000 descriptors, after which nobody's
 request was accepted and the hub's log grew ~98 MB of ``EMFILE`` tracebacks. Now a request's
@@ -67,6 +71,7 @@ from tornado.web import Application
 from hub.log_limits import limit_repeats
 from tunehub_base import ports, tls
 from tunehub_base.options import setting
+from tunehub_base.request_bounds import BoundedApplication, RequestLimits
 
 log = logging.getLogger("tunehub.proxy")
 
@@ -261,8 +266,14 @@ class TunehubProxy(PythonProxy):
         # Requests without a route of their own (the hub's error pages) go to the hub.
         AsyncHTTPClient.configure(None, max_clients=MAX_REQUESTS_IN_FLIGHT,
                                   defaults={"ssl_options": hub_context} if hub_context else None)
-        self.proxy_app = Application([(r"/(.*)", TunehubProxyHandler, {"proxy": self})],
-                                     tunehub_public=True)
+        # Bodies bounded as in every tunehub server (tunehub_base/request_bounds.py): one over
+        # TUNEHUB_PROXY_MAX_BODY is read and dropped and answered with the same JSON 413, not
+        # tornado's bare 400 and reset at its own 100 MB.
+        limits = RequestLimits(max_body=setting("TUNEHUB_PROXY_MAX_BODY").number(),
+                               body_setting="TUNEHUB_PROXY_MAX_BODY")
+        self.proxy_app = BoundedApplication(
+            [(r"/(.*)", TunehubProxyHandler, {"proxy": self})], tunehub_public=True,
+            request_limits=limits)
 
     def target_for_req(self, host: str | None, path: str) -> dict[str, Any] | None:
         target: dict[str, Any] | None = super().target_for_req(host, path)

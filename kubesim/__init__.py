@@ -22,6 +22,7 @@ Fixture API (stable; ``pytest_plugins = ["kubesim.fixtures"]`` or import the fix
         kube.pod_log("pod-name")         # captured stdout+stderr of the (first) container
         kube.pids()                      # {pod: {container: pid}} of live processes
         kube.compact()                   # drop watch history: old resourceVersions -> 410
+        kube.faults.inject(503, verb="create", resource="jobs", times=2)  # kubesim.faults
         kube.nodes                       # the FakeNode list (override fixture kube_nodes)
         kube.create(obj)                 # create via the API as the harness (not counted as
                                          # client): PriorityClasses, Kueue queues, Secrets...

@@ -11,6 +11,7 @@ import yaml
 
 from .client import ApiFailure, HarnessClient
 from .emulator import Emulator
+from .faults import Faults
 from .jobs import JobController
 from .kubelet import Kubelet
 from .kueue import KueueController
@@ -63,6 +64,11 @@ class KubeCluster:
     @property
     def counters(self) -> Counters:
         return self.emulator.counters
+
+    @property
+    def faults(self) -> Faults:
+        """Faults to inject into the client's requests (:mod:`kubesim.faults`)."""
+        return self.emulator.faults
 
     def map_claim(self, claim: str, path: Path | str) -> Path:
         """Make PersistentVolumeClaim ``claim`` visible to pods at local directory ``path``

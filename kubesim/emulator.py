@@ -22,6 +22,7 @@ from aiohttp import web
 
 from . import kueue_visibility, resources
 from .admission import BUILTIN_PRIORITY_CLASSES, Admission, Refused
+from .faults import Fault, Faults, InjectedFault, fault_response
 from .http_errors import ApiError, error_response, not_found, success
 from .immutability import check_update
 from .objects import JSON
@@ -35,6 +36,7 @@ from .validation import K8S_VERSION, Invalid, validate
 
 T = TypeVar("T")
 HARNESS_AGENT = "tunehub-kube-harness"
+_FAULT = web.RequestKey("kubesim.fault", Fault)  # an applied request's injected answer
 
 
 class Emulator:
@@ -47,6 +49,8 @@ class Emulator:
         self.admission = Admission(self.store)
         self.rbac = Rbac(self.store)
         self.counters = Counters()
+        #: Faults a test injects into the client's requests (kubesim.faults).
+        self.faults = Faults()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.url = ""
         self._thread: threading.Thread | None = None
@@ -137,7 +141,13 @@ class Emulator:
     # -- request handling -----------------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         try:
-            return await self._dispatch(request)
+            response = await self._dispatch(request)
+            applied = request.get(_FAULT)
+            if applied is not None:  # carried out; its answer is lost
+                return fault_response(applied)
+            return response
+        except InjectedFault as injected:
+            return fault_response(injected.fault)
         except ApiError as err:
             return error_response(err)
         except Refused as err:
@@ -206,6 +216,12 @@ class Emulator:
                            {"name": name or "", "group": res.group, "kind": res.plural}
                            if name else {"group": res.group, "kind": res.plural})
         self.counters.add(client, verb, res.plural + (f"/{sub}" if sub else ""))
+        fault = (self.faults.take(verb, res.plural + (f"/{sub}" if sub else ""))
+                 if client == "client" else None)
+        if fault is not None:
+            early = await self._inject(fault, request, verb)
+            if early is not None:
+                return early
         if verb == "watch":
             assert self._stopping is not None
             return await serve_watch(request, self.store, res, namespace, self._stopping)
@@ -283,6 +299,22 @@ class Emulator:
             raise ApiError(404, "NotFound", f'{resource}.kueue.x-k8s.io "{name}" not found',
                            {"name": name, "group": "kueue.x-k8s.io", "kind": resource})
         return web.json_response(summary)
+
+    @staticmethod
+    async def _inject(fault: Fault, request: web.Request,
+                      verb: str) -> web.StreamResponse | None:
+        """A test's fault (:mod:`kubesim.faults`): wait, then answer the error now, or after
+        carrying the request out, or end a watch at once; None: go on serving it."""
+        if fault.delay:
+            await asyncio.sleep(fault.delay)  # the injected slow answer
+        fault.waited += 1
+        if fault.status and not fault.applied:
+            raise InjectedFault(fault)
+        if fault.applied:
+            request[_FAULT] = fault
+        elif verb == "watch":
+            return web.Response(status=200, content_type="application/json", body=b"")
+        return None
 
     def _after_write(self, res: Resource, namespace: str | None) -> None:
         """The quota controller's part: usage changes with pods and Jobs (and new quotas)."""

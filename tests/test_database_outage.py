@@ -24,6 +24,8 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.conftest import Home
+from tests.fault_records import FaultRecord
+from tests.fault_records import record as record_fault
 from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
 from tests.sweeps_helpers import parse_json, record_dir, write_sweep
@@ -147,6 +149,9 @@ def test_postgres_crash_mid_sweep_loses_nothing(
         assert cli.poll() is None, stderr.text[-3000:]
         postgres.start()
         restarted_at = time.time()
+        wait_for(lambda: "database reachable again" in stderr.text or cli.poll() is not None,
+                 timeout=300, what="the CLI to carry on")
+        recovered_at = time.time()
         cli.wait(timeout=600)
     finally:
         if cli.poll() is None:
@@ -185,6 +190,12 @@ def test_postgres_crash_mid_sweep_loses_nothing(
     for t in study.trials:
         assert sorted(t.intermediate_values) == list(range(1, STEPS + 1)), t
     db.dispose()
+    record_fault(FaultRecord(
+        fault="PostgreSQL crashed (`pg_ctl stop -m immediate`) mid-sweep, CLI `--wait`",
+        duration_s=round(restarted_at - crashed_at, 1), sweeps=1, trials=TRIALS, running=2,
+        lost=0, recover_s=round(recovered_at - restarted_at, 1),
+        seen="the CLI said once \"database unreachable since …, retrying\" and that it was "
+             "back; trials kept running (their reports retried), the sweep completed"))
 
 
 def test_service_answers_503_while_the_database_is_away(

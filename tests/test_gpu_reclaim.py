@@ -1,7 +1,8 @@
 """Idle GPUs given back (issue #26): a real hub and real notebook servers, each measuring its
 own GPU through the real ``nvidia-ml-py`` loaded on the NVML stand-in, whose figures this test
 writes. One hub, five GPU servers side by side: an idle one is warned inside JupyterLab (a
-notice in its file browser) and then stopped, with the reason on the person's hub home page;
+warning notification in the page, seen in real Chromium, and a notice in its file browser)
+and then stopped, with the reason on the person's hub home page;
 one whose GPU has a process on it, one mid-cell, one of an exempt group and one whose GPU is
 lost are never stopped (the lost GPU is reported with the reason); bad reports are 400s. Through
 ``tunehub up`` (internal TLS), a server without NVML reports why and is kept."""
@@ -9,8 +10,11 @@ lost are never stopped (the lost GPU is reported with the reason); bad reports a
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,23 +23,26 @@ import httpx
 import pytest
 from tornado.ioloop import IOLoop
 
+from hub import gpu_reclaim_reasons
+from hub.gpu_reclaim_reasons import StopReasons
 from hub.notebook import SINGLEUSER_ARGS
-from hub.singleuser.gpu_reclaim import NOTICE, IdleClock, Policy, own_gpus
+from hub.singleuser.gpu_reclaim import NOTICE, IdleClock, Policy, lab_message, own_gpus
 from tests import test_gpu_usage
 from tests.hub_fixtures import Platform
 from tests.nvml_standin import GPU_IS_LOST, GiB, StandIn
 from tests.polling import wait_for
 from tests.service_fixtures import TunerHub, running_tuner_hub
+from tests.test_hub_browser import CHROMIUM, CHROMIUM_ARGS, login
 from tests.test_hub_platform import Hub as HubApi
 from tests.test_hub_platform import _run_busy_cell, login_token
 from tunehub_base.gpu_usage import LOST, NO_LIBRARY, GpuReading
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 # The stand-in built once per session, with this test's figures file (test_gpu_usage's fixtures).
 nvml_library, standin = test_gpu_usage.nvml_library, test_gpu_usage.standin
 
-WARN, RECLAIM = 8, 8  # seconds: unused before the warning, then before the stop
+WARN, RECLAIM = 8, 10  # seconds: unused before the warning, then before the stop
 PEOPLE = ["ann", "bob", "cat", "dan", "eve"]  # idle, busy, mid-cell, exempt, lost GPU
 
 CONFIG = """
@@ -56,7 +63,7 @@ c.JupyterHub.load_roles[1]["scopes"] += ["admin:servers", "access:servers",
 c.JupyterHub.load_groups = {{{{"gpu-vips": {{{{"users": ["dan"]}}}}}}}}
 c.JupyterHub.template_paths = [{templates}]
 from hub import gpu_reclaim
-gpu_reclaim.configure(c)
+gpu_reclaim.configure(c, "{{home}}/state")
 c.GpuReclaim.warn_after = {warn}
 c.GpuReclaim.reclaim_after = {reclaim}
 c.GpuReclaim.sample_seconds = 0.5
@@ -93,6 +100,34 @@ def hub(standin: StandIn, tmp_path: Path) -> Iterator[TunerHub]:
             for person in PEOPLE:
                 httpx.delete(f"{h.url}hub/api/users/{person}/server", timeout=60,
                              headers={"Authorization": f"token {h.admin_token}"})
+            stop_hub(h)  # the restarted one (the fixture stops the first)
+
+
+def stop_hub(hub: TunerHub) -> None:
+    hub.process.terminate()
+    try:
+        hub.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        hub.process.kill()
+        hub.process.wait()
+
+
+def restart_hub(hub: TunerHub) -> None:
+    """The same hub stopped and started again (its database, state directory and config)."""
+    stop_hub(hub)
+    with open(hub.log, "ab") as log:
+        hub.process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "jupyterhub"), "-f", "jupyterhub_config.py"],
+            cwd=hub.home, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **hub.env})
+
+    def up() -> bool:
+        assert hub.process.poll() is None, hub.log.read_text()[-3000:]
+        try:
+            return httpx.get(f"{hub.url}hub/api/", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, timeout=120, what="the restarted hub")
 
 
 class Hub:
@@ -160,12 +195,61 @@ def test_idle_gpu_server_warned_then_stopped_and_the_others_kept(
     figures = {gpus["ann"]: idle_gpu(), gpus["bob"]: {**idle_gpu(), "pids": [os.getpid()]},
                gpus["cat"]: idle_gpu(), gpus["dan"]: idle_gpu(),
                gpus["eve"]: {**idle_gpu(), "error": GPU_IS_LOST}}
-    standin.set(*[figures[str(i)] for i in range(len(PEOPLE))])
 
-    # ann: warned inside JupyterLab (the notice in her file browser), then stopped.
-    notice = wait_for(lambda: api.notice("ann") or "", timeout=WARN + 60,
-                      what="ann's warning")
-    assert "GPUs have not been used" in notice and (api.server("ann") or {}).get("ready")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            # ann and cat each in JupyterLab, its tunehub extension polling their server.
+            labs = {person: open_lab(browser, hub.url, person, gpus[person])
+                    for person in ("ann", "cat")}
+            standin.set(*[figures[str(i)] for i in range(len(PEOPLE))])
+            # Warned inside JupyterLab: a warning notification in the page...
+            for lab in labs.values():
+                lab.get_by_text("GPUs unused for", exact=False).first.wait_for(
+                    timeout=(WARN + 60) * 1000)
+            # ... and the notice in the file browser (cat's stays while her cell runs).
+            assert "GPUs have not been used" in wait_for(
+                lambda: api.notice("cat") or "", timeout=60, what="cat's notice")
+            ann_stopped_the_others_kept(api, hub)
+            # cat's GPU used again: the notification goes away, so does the notice.
+            standin.set(*[{**figures[str(i)], **(busy_gpu() if str(i) == gpus["cat"] else {})}
+                          for i in range(len(PEOPLE))])
+            labs["cat"].get_by_text("GPUs unused for", exact=False).first.wait_for(
+                state="detached", timeout=60_000)
+            wait_for(lambda: api.notice("cat") is None, timeout=60, what="cat's notice gone")
+        finally:
+            browser.close()
+
+    # Reports of stopped servers are not kept: ann's (reclaimed), bob's (stopped by an admin).
+    assert api.use("ann")["servers"] == {}
+    assert api.client.delete("users/bob/server").status_code in (202, 204)
+    wait_for(lambda: api.server("bob") is None, timeout=120, what="bob's server to stop")
+    assert api.use("bob")["servers"] == {}
+
+    # The reason outlives a hub restart (kept in the hub's state directory, root-only).
+    reasons = hub.home / "state" / gpu_reclaim_reasons.FILE
+    assert reasons.stat().st_mode & 0o777 == 0o600 and "ann" in json.loads(reasons.read_text())
+    restart_hub(hub)
+    page = home_page(hub.url, "ann")
+    assert 'id="tunehub-stop-reason"' in page and "give its GPUs back" in page, page[-3000:]
+    assert "give its GPUs back" in api.use("ann")["stopped"]["reason"]
+
+
+def open_lab(browser: Any, url: str, person: str, gpu: str) -> Any:
+    """``person``'s JupyterLab page, once its tunehub extension has read the reclaim status."""
+    page = browser.new_context().new_page()
+    login(page, url, person, "x")
+    with page.expect_response(lambda r: "tunehub/gpu-reclaim" in r.url,
+                              timeout=180_000) as status:
+        page.goto(f"{url}user/{person}/lab")
+    assert status.value.ok and status.value.json()["gpus"] == [gpu], status.value.text()
+    return page
+
+
+def ann_stopped_the_others_kept(api: Hub, hub: TunerHub) -> None:
+    """ann stopped, the reason on her home page; the others kept; bad reports refused."""
     wait_for(lambda: api.server("ann") is None, timeout=RECLAIM + 60,
              what="ann's idle GPU server to be stopped")
     page = home_page(hub.url, "ann")
@@ -221,6 +305,8 @@ def test_the_idle_clock() -> None:
     assert own_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
     assert own_gpus({"NVIDIA_VISIBLE_DEVICES": "GPU-abc"}) is None  # a pod: NVML's own
     assert own_gpus({}) == []
+    # JupyterLab's toast shows 140 characters of a notification.
+    assert len(lab_message(Policy(warn_after=1800, reclaim_after=900))) <= 140
 
 
 def test_tunehub_up_servers_report_over_internal_tls_and_no_nvml_is_a_reason(
@@ -245,3 +331,26 @@ def test_tunehub_up_servers_report_over_internal_tls_and_no_nvml_is_a_reason(
     use = hub.call("GET", "hub/api/tunehub/gpu-use/fay", 200)
     assert use["servers"][""]["state"] == "unmeasured" and use["policy"]["warn_after"] == 1
     assert (hub.server("fay") or {}).get("ready"), "a server without NVML was stopped"
+
+
+def test_stop_reasons_kept_on_disk_never_through_a_link(tmp_path: Path) -> None:
+    """Kept across instances (a restart); a link planted in place of the file is neither
+    followed on reading nor written through; a damaged file reads as empty."""
+    StopReasons(tmp_path).keep("ann", "idle GPUs", 1.0)
+    again = StopReasons(tmp_path)
+    stopped = again.get("ann")
+    assert stopped is not None and stopped.reason == "idle GPUs"
+    again.forget("ann")
+    assert StopReasons(tmp_path).get("ann") is None
+
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps({"ann": {"reason": "planted", "at": 1}}))
+    reasons = tmp_path / gpu_reclaim_reasons.FILE
+    reasons.unlink()
+    reasons.symlink_to(target)
+    linked = StopReasons(tmp_path)
+    assert linked.get("ann") is None  # ELOOP: never read through the link
+    linked.keep("bob", "idle", 2.0)  # replaces the link itself, never writes through it
+    assert not reasons.is_symlink() and "planted" in target.read_text()
+    reasons.write_text("{not json")
+    assert StopReasons(tmp_path).get("bob") is None

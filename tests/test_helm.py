@@ -630,6 +630,61 @@ def test_ingress_or_httproute_with_tls() -> None:
     assert route["spec"]["rules"][0]["backendRefs"][0]["name"] == f"{RELEASE}-proxy-public"
 
 
+def proxy_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = find(objects, "Deployment", f"{RELEASE}-proxy")["spec"]["template"]["spec"]
+    return dict(spec["containers"][0])
+
+
+def test_the_proxy_is_bounded_by_its_values() -> None:
+    """#31: configurable-http-proxy gets its timeouts as flags and its header cap through
+    Node.js; the body and per-client connection caps it has no option for are the Ingress's
+    (ingress-nginx annotations), where the operator's own annotations still win. (Checked by
+    hand against configurable-http-proxy 4.6.3 on Node 20: these flags start it, and a
+    20 KiB header is a 431 under the default cap.)"""
+    # The GPU example sets its own body size (512m, for uploads): it is kept.
+    example = find(render(example_values()), "Ingress", RELEASE)["metadata"]["annotations"]
+    assert example["nginx.ingress.kubernetes.io/proxy-body-size"] == "512m"
+    values = example_values()
+    values["ingress"]["annotations"] = {}
+    objects = render(values)
+    proxy = proxy_container(objects)
+    assert "--timeout=300000" in proxy["command"]
+    assert not [arg for arg in proxy["command"] if arg.startswith("--proxy-timeout")]
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
+    assert env["NODE_OPTIONS"] == "--max-http-header-size=16384"
+    annotations = find(objects, "Ingress", RELEASE)["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/proxy-body-size"] == "104857600"
+    assert annotations["nginx.ingress.kubernetes.io/limit-connections"] == "256"
+
+    values = example_values()
+    values["proxy"]["limits"] = {"timeoutSeconds": 0, "proxyTimeoutSeconds": 30,
+                                 "maxHeaderBytes": 8192, "maxBodyBytes": 0,
+                                 "maxConnectionsPerClient": 0}
+    values["ingress"]["annotations"] = {"nginx.ingress.kubernetes.io/limit-connections": "9"}
+    objects = render(values)
+    proxy = proxy_container(objects)
+    assert "--proxy-timeout=30000" in proxy["command"]
+    assert not [arg for arg in proxy["command"] if arg.startswith("--timeout")]
+    assert {e["name"]: e.get("value") for e in proxy["env"]}["NODE_OPTIONS"] == \
+        "--max-http-header-size=8192"
+    annotations = find(objects, "Ingress", RELEASE)["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/proxy-body-size"] == "0"  # nginx: no cap
+    assert annotations["nginx.ingress.kubernetes.io/limit-connections"] == "9"  # the operator's
+
+
+@pytest.mark.parametrize(("limits", "message"), [
+    ({"timeoutSeconds": -1}, "at '/proxy/limits/timeoutSeconds': minimum"),
+    ({"maxBodyBytes": "100m"}, "at '/proxy/limits/maxBodyBytes'"),
+    ({"maxHeaderBytes": 10}, "at '/proxy/limits/maxHeaderBytes': minimum"),
+    ({"maxBody": 1}, "'maxBody' not allowed"),
+])
+def test_wrong_proxy_limits_are_refused_by_name(limits: dict[str, Any], message: str) -> None:
+    values = minimal_values()
+    values.setdefault("proxy", {})["limits"] = limits
+    with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
+        render(values)
+
+
 def test_nfs_permissions_init_is_minimal_and_off_by_default() -> None:
     assert "initContainers" not in pod_specs(render(example_values()))[f"{RELEASE}-hub"]
     values = example_values()

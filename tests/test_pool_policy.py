@@ -343,3 +343,43 @@ def test_positions_agree_with_a_brute_force_recount(kind: str) -> None:
     # The scenario reached what positions must get right: a long queue, requeued trials, ties.
     assert stats["most"] >= 20 and stats["tied"] > 0
     assert stats["preempted"] > 0 or kind != "fair"
+
+
+# --- laying out a pool that exists already (the local queue does so at each decision) ------
+
+
+def test_adopted_checkpoint_times_choose_the_victim_not_the_start() -> None:
+    """The trial that started first but saved a checkpoint a moment ago is the cheaper one to
+    stop than the one that started later and never saved."""
+    clock = Clock()
+    clock.now = 100.0
+    scheduler = Scheduler(["0", "1"], FairPolicy(), clock)
+    early, late = trial("ana", priority="low"), trial("ana", priority="low")
+    scheduler.adopt(early, ["0"], since=10.0, last_checkpoint_at=99.0)
+    scheduler.adopt(late, ["1"], since=50.0)
+    decision = scheduler.submit(trial("bob", priority="normal", at=100.0))
+    assert [a.victim.request_id for a in decision.actions if isinstance(a, Preemption)] == [
+        early.request_id]
+    assert [a.checkpoint_age for a in decision.actions if isinstance(a, Preemption)] == [1.0]
+
+
+def test_submit_all_starts_in_the_policys_order_not_the_submission_order() -> None:
+    scheduler = Scheduler(["0"], FairPolicy(), Clock())
+    low, high = trial("ana", priority="low", at=1.0), trial("bob", priority="high", at=2.0)
+    actions = scheduler.submit_all([low, high])
+    assert [a.holding.request_id for a in actions if isinstance(a, Start)] == [high.request_id]
+    assert [(e.request.request_id, e.position) for e in scheduler.queue()] == [
+        (low.request_id, 1)]
+    with pytest.raises(ValueError):
+        scheduler.submit_all([low])  # already waiting
+
+
+def test_a_cap_holds_back_a_trial_beside_a_free_gpu() -> None:
+    shares = ShareConfig.from_dict({"people": {"ana": {"max_gpus": 1}}})
+    scheduler = Scheduler(["0", "1"], FairPolicy(shares), Clock())
+    first, second = trial("ana", at=1.0), trial("ana", at=2.0)
+    actions = scheduler.submit_all([first, second])
+    assert [a.holding.request_id for a in actions if isinstance(a, Start)] == [first.request_id]
+    assert scheduler.free_gpus == 1
+    [entry] = scheduler.queue()
+    assert entry.request == second and entry.reason == "over your cap of 1 GPUs"

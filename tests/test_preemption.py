@@ -347,7 +347,7 @@ def test_a_gpu_notebook_preempts_a_trial_which_resumes_from_its_checkpoint(
     stopped = wait_for(lambda: (t := trial())["state"] == "pending" and t, timeout=60,
                        what="the preempted trial to be back in the queue")
     assert (stopped["attempts"], stopped["preemptions"]) == (1, 1)
-    assert stopped["reason"].startswith("preempted: its GPU went to a notebook")
+    assert stopped["reason"].startswith("preempted: its GPU went to a notebook or a higher")
     assert f"killed after its {GRACE_SECONDS}s grace period" in stopped["reason"]
     sweep = ana.get(f"sweeps/{sweep_id}").json()
     assert sweep["state"] == "running" and sweep["failed"] == 0
@@ -395,3 +395,99 @@ def test_a_gpu_notebook_preempts_a_trial_which_resumes_from_its_checkpoint(
     assert waited is not None
     print(f"bob's notebook waited {waited.group(1)} s for the GPU (grace {GRACE_SECONDS} s)")
     assert GRACE_SECONDS <= float(waited.group(1)) < GRACE_SECONDS + 60
+
+
+# --- a tuner restart in the middle of a preemption ---------------------------------------------
+
+
+def _tuner_pid(hub: TunerHub) -> int:
+    """The tuner service process the hub started for this test (found by its home)."""
+    home = f"TUNEHUB_HOME={hub.env['TUNEHUB_HOME']}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tuner.service" in argv and home in environ:
+            return int(entry.name)
+    raise AssertionError("the tuner service process is not running")
+
+
+def test_a_tuner_killed_mid_preemption_loses_nothing(gpu_hub: TunerHub) -> None:
+    """The tuner dies while the trial it preempts for a waiting notebook is in its grace period
+    (checkpoint saved): the notebook still gets the GPU, the hub starts the tuner again, and the
+    trial, back in the queue, resumes from that checkpoint once the notebook is gone."""
+    hub = gpu_hub
+    ana = hub.client(hub.token("ana", SUBMIT))
+    path = write_sweep(hub.data / "code", TRAIN, trials=1, parallelism=1, max_retries=0,
+                       pruner="none", direction="maximize", resources={"gpu": 1},
+                       trial_timeout="10m")
+    spec = yaml.safe_load(path.read_text())
+    spec["code"] = str(path.parent)
+    r = ana.post("sweeps", json={"spec": spec})
+    assert r.status_code == 201, r.text
+    sweep_id = r.json()["id"]
+
+    def trial() -> dict[str, Any]:
+        trials = ana.get(f"sweeps/{sweep_id}/trials").json()
+        return trials[0] if trials else {}
+
+    wait_for(lambda: (trial().get("last_step") or 0) >= 2, timeout=180,
+             what="the trial to train and checkpoint two steps")
+    before = trial()
+    spawn = threading.Thread(target=_hub, args=(hub, "POST", "users/bob/server"),
+                             kwargs={"json": {"profile": "gpu-1"}}, daemon=True)
+    _hub(hub, "POST", "users/bob")
+    spawn.start()
+    wait_for(lambda: "SIGTERM: checkpoint saved" in ana.get(
+        f"sweeps/{sweep_id}/trials/0/logs").text, timeout=120,
+        what="the preempted trial to save its checkpoint in its grace period")
+    first_tuner = _tuner_pid(hub)
+    os.kill(first_tuner, 9)  # a crash, in the middle of the grace period
+
+    # The notebook gets the GPU (freed with the tuner's trial); the hub starts the tuner again.
+    wait_for(lambda: _hub(hub, "GET", "users/bob").json()["servers"].get("", {}).get("ready"),
+             timeout=240, what="bob's notebook to run")
+    spawn.join(timeout=60)
+    wait_for(lambda: _tuner_pid_or_none(hub) not in (None, first_tuner), timeout=120,
+             what="the hub to start the tuner again")
+    back = wait_for(lambda: _answer(ana, f"sweeps/{sweep_id}/trials") and (
+        t := trial()).get("state") == "pending" and t, timeout=180,
+        what="the trial to be back in the queue after the restart")
+    assert back["params"] == before["params"] and back["number"] == 0
+    holder = _answer(ana, "pool")["gpus"][0]["holder"]
+    assert holder is not None and (holder["person"], holder["kind"]) == ("bob", "notebook")
+
+    # Bob stops his notebook: the trial resumes from the checkpoint saved before the crash.
+    assert _hub(hub, "DELETE", "users/bob/server").status_code in (202, 204)
+    done = wait_for(lambda: (s := _answer(ana, f"sweeps/{sweep_id}")) and s.get("state") in (
+        "completed", "failed") and s, timeout=240, what="the sweep to end")
+    assert done["state"] == "completed" and done["failed"] == 0, done
+    final = trial()
+    assert (final["number"], final["state"], final["params"]) == (0, "completed",
+                                                                  before["params"])
+    log = ana.get(f"sweeps/{sweep_id}/trials/0/logs").text
+    record = json.loads(log.split("RECORD ", 1)[1].splitlines()[0])
+    assert record["resumed"] == 1 and record["sigterm"] is True
+    first = record["steps"].count("1")
+    assert first >= 2 and record["steps"][first:] == [record["steps"][-1]] * 2  # continued
+    assert final["value"] == pytest.approx(first + 2)
+
+
+def _tuner_pid_or_none(hub: TunerHub) -> int | None:
+    try:
+        return _tuner_pid(hub)
+    except AssertionError:
+        return None
+
+
+def _answer(client: httpx.Client, path: str) -> Any:
+    """The tuner's JSON answer, or None while it is down (the proxy's 503/404)."""
+    try:
+        r = client.get(path)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None

@@ -43,6 +43,36 @@ class GpuReading:
             return None
         return bool(self.pids) or self.utilization >= threshold
 
+    @classmethod
+    def from_json(cls, data: Any) -> GpuReading:
+        """A reading another process sent (a pod's): checked field by field; ValueError names
+        the field that is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("reading: not an object")
+        gpu = data.get("gpu")
+        if not isinstance(gpu, str) or not 0 < len(gpu) <= 64:
+            raise ValueError("gpu: a GPU id of 1 to 64 characters")
+        util = data.get("utilization")
+        if util is not None and (isinstance(util, bool) or not isinstance(util, int | float)
+                                 or not 0 <= util <= 1):
+            raise ValueError("utilization: a number from 0 to 1, or null")
+        for field_ in ("memory_used_bytes", "memory_total_bytes"):
+            v = data.get(field_)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"{field_}: a non-negative integer, or null")
+        pids = data.get("pids", [])
+        if not isinstance(pids, list) or len(pids) > 256 or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in pids):
+            raise ValueError("pids: a list of at most 256 process ids")
+        for field_ in ("absent", "name"):
+            v = data.get(field_)
+            if v is not None and (not isinstance(v, str) or len(v) > 300):
+                raise ValueError(f"{field_}: a string of at most 300 characters, or null")
+        return cls(gpu, None if util is None else float(util),
+                   memory_used_bytes=data.get("memory_used_bytes"),
+                   memory_total_bytes=data.get("memory_total_bytes"), pids=tuple(pids),
+                   absent=data.get("absent"), name=data.get("name"))
+
     def to_json(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "utilization": self.utilization,
                 "memory_used_bytes": self.memory_used_bytes,
@@ -147,6 +177,21 @@ def _read(pynvml: Any, gpu: str) -> GpuReading:
         memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total),
         pids=tuple(sorted({int(p.pid) for p in procs})),
         name=name.decode(errors="replace") if isinstance(name, bytes) else str(name))
+
+
+def nvml_gpus() -> list[str] | None:
+    """The indices of every GPU NVML shows this process (in a pod: the pod's own, as its
+    container runtime exposes them); None when NVML cannot be read."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
 
 
 def sample(gpu_ids: list[str]) -> dict[str, GpuReading]:

@@ -105,7 +105,12 @@ SETTINGS: tuple[Setting, ...] = (
             "NVML's count"),
     Setting("TUNEHUB_WARM_START", "`0`: a cold Python process per trial", "warm"),
     Setting("TUNEHUB_PREEMPT_GRACE_SECONDS", "seconds a local trial preempted for a notebook "
-            "gets between SIGTERM and SIGKILL to save a checkpoint", "`30`", value=30),
+            "(or a higher-priority trial) gets between SIGTERM and SIGKILL to save a checkpoint",
+            "`30`", value=30),
+    Setting("TUNEHUB_POOL_SHARES", "the GPU pool's weights and caps per person and per hub "
+            "group: the JSON/YAML itself (`{\"people\": {\"ana\": {\"weight\": 2, "
+            "\"max_gpus\": 1}}}`) or the path of a file holding it, read again when it "
+            "changes (see \"The GPU pool's policy\")", "everyone weight 1, no cap"),
     Setting("TUNEHUB_GPU_SAMPLE_SECONDS", "seconds between two NVML readings of the GPUs local "
             "trial attempts hold (their measured use: utilisation, memory, processes)", "`10`",
             value="10"),
@@ -133,10 +138,14 @@ SETTINGS: tuple[Setting, ...] = (
             "attempt gets a network namespace of its own (nobody else reaches what it listens "
             "on), `0` attempts share the machine's network", "`1`", value="1"),
     Setting("TUNEHUB_ISLAND_EGRESS", "`1`: islands reach the machine's network through a veth "
-            "pair and source NAT (needs `nft`, and turns on IPv4 forwarding); `0`: loopback only",
+            "pair and source NAT (needs `nft`, and turns on IPv4 forwarding; IPv6 too where the "
+            "machine has an IPv6 default route); `0`: loopback only (`127.0.0.1` and `::1`)",
             "`1`", value="1"),
     Setting("TUNEHUB_ISLAND_NETWORK", "IPv4 range the islands' veth links are cut from (/30 each; "
             "pick one the machine does not route)", "`100.64.0.0/10`", value="100.64.0.0/10"),
+    Setting("TUNEHUB_ISLAND_NETWORK6", "IPv6 range the islands' veth links are cut from (/64 "
+            "each, masqueraded out; pick one the machine does not route)",
+            "`fd74:6e68:7562::/48`", value="fd74:6e68:7562::/48"),
     Setting("TUNEHUB_LOG_MAX_BYTES", "the most of a trial's log the logs API and `sweep logs` "
             "return: its last bytes, after a line saying how much came before", "`16777216`",
             value=16 * 2**20),
@@ -161,6 +170,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TUNEHUB_PROXY_HEADER_TIMEOUT", "seconds the proxy waits for a request's complete "
             "headers (and between requests on a kept-alive connection) before closing it",
             "`30`", value=30),
+    Setting("TUNEHUB_PROXY_MAX_BODY", "largest request body (bytes) the hub's proxy forwards "
+            "(it buffers a body whole; notebook uploads pass here too), declared or chunked; a "
+            "larger one is the same JSON 413 naming `body` as `TUNEHUB_API_MAX_BODY`'s",
+            "`104857600` (100 MiB)", value=100 * 2**20),
     Setting("TUNEHUB_PROXY_BODY_TIMEOUT", "seconds the proxy waits for a request's complete "
             "body", "`300`", value=300),
     Setting("TUNEHUB_PROXY_MAX_CLIENT_CONNECTIONS", "open connections one client address may "

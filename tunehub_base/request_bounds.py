@@ -3,7 +3,10 @@ body's size, its JSON's number of values and depth, and the client address it is
 
 The servers: the tuner service (:mod:`tuner.service`), the CLI's loopback report endpoint
 (:mod:`tuner.runtime`) and ``tunehub model serve`` (:mod:`tuner.serving.server`). Each is a
-:class:`BoundedApplication`, so one rule holds for all three:
+:class:`BoundedApplication`, so one rule holds for all three. The hub's proxy (``hub/proxy.py``)
+puts the same delegate in front of its public server with its own, larger bound
+(``TUNEHUB_PROXY_MAX_BODY``: it also carries notebook uploads), so a body too big for it is the
+same JSON 413, never tornado's bare 400:
 
 - **Body size.** A body over ``TUNEHUB_API_MAX_BODY``, whether its length is declared
   (``Content-Length``) or it arrives chunked, is answered 413 with a JSON reason naming ``body``
@@ -55,6 +58,8 @@ class RequestLimits:
     max_body: int = 32 * 2**20
     max_depth: int = 32
     max_items: int = 100_000
+    #: The setting a refused body's answer names (the hub proxy has its own, larger bound).
+    body_setting: str = "TUNEHUB_API_MAX_BODY"
 
     @classmethod
     def from_env(cls) -> RequestLimits:
@@ -131,8 +136,9 @@ class _BoundedBody(httputil.HTTPMessageDelegate):
     body is read and dropped, and the answer is a 413 (see the module's docstring)."""
 
     def __init__(self, inner: httputil.HTTPMessageDelegate, conn: httputil.HTTPConnection,
-                 max_body: int) -> None:
+                 max_body: int, body_setting: str = "TUNEHUB_API_MAX_BODY") -> None:
         self.inner, self.conn, self.max_body = inner, conn, max_body
+        self.body_setting = body_setting
         self.received = 0
         self.refused = False
         self.answered = False
@@ -180,7 +186,7 @@ class _BoundedBody(httputil.HTTPMessageDelegate):
         self.answered = True
         body = json.dumps({
             "status": 413, "field": "body",
-            "error": f"body: larger than {self.max_body} bytes (TUNEHUB_API_MAX_BODY); put "
+            "error": f"body: larger than {self.max_body} bytes ({self.body_setting}); put "
                      "data in the data store",
         }).encode()
         headers = httputil.HTTPHeaders({"Content-Type": "application/json",
@@ -210,4 +216,4 @@ class BoundedApplication(tornado.web.Application):
                       request_conn: httputil.HTTPConnection) -> httputil.HTTPMessageDelegate:
         limits: RequestLimits = self.settings["request_limits"]
         return _BoundedBody(super().start_request(server_conn, request_conn), request_conn,
-                            limits.max_body)
+                            limits.max_body, limits.body_setting)

@@ -101,6 +101,60 @@ def privilege_dropper(user: UnixUser) -> Callable[[], None]:
     return lambda: become(user.uid, user.gid, groups, user.login)
 
 
+@dataclass(frozen=True)
+class ChildAnswer:
+    """What :func:`answer_as` brought back: the work's bytes, or the text and class name of
+    what it raised (``error`` is then set)."""
+
+    data: bytes
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def answer_as(drop: Callable[[], None], work: Callable[[], bytes]) -> ChildAnswer:
+    """Run ``work`` in a forked child that first calls ``drop`` (e.g. :func:`privilege_dropper`)
+    and bring its bytes back over a pipe. Why: some questions must be answered with a person's
+    rights, not root's (what can they read, where does their link lead); a child that becomes
+    them and exits is the only way to ask the kernel, and this is the one place that forks,
+    drops, answers and reaps. The child never returns into the caller's code."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.close(read_end)
+            try:
+                drop()
+                answer, code = b"0" + work(), 0
+            except BaseException as exc:
+                answer = b"1" + f"{type(exc).__name__}\n{_error_text(exc)}".encode()
+            os.write(write_end, answer)
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        answer = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if answer[:1] == b"0" and os.waitstatus_to_exitcode(status) == 0:
+        return ChildAnswer(answer[1:])
+    kind, _, text = answer[1:].decode(errors="replace").partition("\n")
+    if not answer:
+        kind, text = "ChildDied", f"the child ended with status {os.waitstatus_to_exitcode(status)}"
+    return ChildAnswer(text.encode(), error=kind)
+
+
+def _error_text(exc: BaseException) -> str:
+    """An exception as one line for a person: an OS error's reason and file, a tunehub error's
+    message (``.message``), else its text."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    message = getattr(exc, "message", None)
+    return str(message if isinstance(message, str) else exc)[:4000]
+
+
 class UnixUsers:
     """Creates, finds and retires the system users of accounts."""
 
@@ -239,33 +293,28 @@ def unreachable(readable: Sequence[Path], gid: int, passable: Sequence[Path] = (
         nobody = pwd.getpwnam("nobody").pw_uid
     except KeyError:
         nobody = 65534
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        try:
-            os.close(read_end)
-            os.setgroups([gid])
-            os.setgid(gid)
-            os.setuid(nobody)
-            for path, read in [*((p, True) for p in readable), *((p, False) for p in passable)]:
-                try:
-                    if not read:
-                        os.stat(path)
-                    elif path.is_dir():
-                        os.listdir(path)
-                    else:
-                        with open(path, "rb") as fh:
-                            fh.read(1)
-                except OSError as exc:
-                    os.write(write_end, f"{path} ({exc.strerror}{_closed_dir(path)})".encode())
-                    break
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        failed = pipe.read().decode(errors="replace")
-    os.waitpid(pid, 0)
-    return failed or None
+
+    def drop() -> None:
+        become(nobody, gid, [gid], "nobody")
+
+    def work() -> bytes:
+        for path, read in [*((p, True) for p in readable), *((p, False) for p in passable)]:
+            try:
+                if not read:
+                    os.stat(path)
+                elif path.is_dir():
+                    os.listdir(path)
+                else:
+                    with open(path, "rb") as fh:
+                        fh.read(1)
+            except OSError as exc:
+                return f"{path} ({exc.strerror}{_closed_dir(path)})".encode()
+        return b""
+
+    answer = answer_as(drop, work)
+    if not answer.ok:
+        return f"could not test as nobody: {answer.data.decode(errors='replace')}"
+    return answer.data.decode(errors="replace") or None
 
 
 def closed_ancestors(paths: Sequence[Path]) -> list[Path]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tunehub_base.gpu_holders import HolderBook, record_name
+from tunehub_base.gpu_pod_use import PodUseBook
 from tunehub_base.gpu_usage import sample
 from tunehub_base.gpus import discover_gpus
 from tuner.spec import SpecError
@@ -84,6 +85,7 @@ def trials_gpu_use(lock_dir: Path, sweep_id: int) -> dict[int, dict[str, Any]]:
     now = time.time()
     spans = [dict(s) for s in book.intervals()
              if s.get("kind") == "trial" and s.get("sweep_id") == sweep_id]
+    spans += PodUseBook(lock_dir).spans(sweep_id)  # Kubernetes pods' own readings
     for row in book.pool(_recorded_gpus(lock_dir)):
         holder = row.get("holder") or {}
         if holder.get("kind") == "trial" and holder.get("sweep_id") == sweep_id:

@@ -29,6 +29,7 @@ from tuner.api.auth import make_hub_auth
 from tuner.api.context import ServiceContext
 from tuner.backends import make_backend
 from tuner.db import Database, SweepRow
+from tuner.db.outage import once_reachable, patient, waiting_out_outages
 from tuner.errors import Conflict
 from tuner.lifecycle.liveness import controller_alive
 from tuner.lifecycle.states import SweepState
@@ -49,10 +50,10 @@ def cookie_secret(settings: Settings) -> bytes:
     return path.read_bytes()
 
 
-def adopt_orphans(engine: SweepHost) -> list[int]:
-    """Run every active sweep of our backends whose controller died."""
+@patient
+def _unfinished_sweeps(engine: SweepHost) -> list[SweepRow]:
     with engine.db.session() as s:
-        sweeps = list(
+        return list(
             s.scalars(
                 select(SweepRow).where(
                     SweepRow.state.in_(SweepState.unfinished()),
@@ -60,12 +61,20 @@ def adopt_orphans(engine: SweepHost) -> list[int]:
                 )
             )
         )
+
+
+async def adopt_orphans(engine: SweepHost) -> list[int]:
+    """Run every active sweep of our backends whose controller died. A database outage
+    meanwhile is waited out (the read in a worker thread, each claim again with backoff):
+    the service that restarts after a crash is the one that resumes its sweeps."""
+    with waiting_out_outages():
+        sweeps = await asyncio.to_thread(_unfinished_sweeps, engine)
     adopted = []
     for sweep in sweeps:
         if controller_alive(sweep):
             continue
         try:
-            engine.run_sweep(sweep.id)
+            await once_reachable(engine.run_sweep, sweep.id)
             adopted.append(sweep.id)
         except Conflict as exc:
             log.warning("not resuming sweep %s: %s", sweep.id, exc)
@@ -109,8 +118,10 @@ async def serve() -> None:
     from tuner.serving.registry import Registry
 
     settings = load_settings().ensure_dirs()
-    # Migrations can take a while on a big database: never on the event loop.
-    db = await asyncio.to_thread(Database, settings.db_url)
+    # Migrations can take a while on a big database: never on the event loop. A database
+    # that is down (the machine rebooting, a failover) is waited for, said once in the log:
+    # crashing instead would only have the hub start us again and again.
+    db = await asyncio.to_thread(Database.when_reachable, settings.db_url)
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     host, port = url.hostname or "127.0.0.1", url.port or 10101
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tuner/")
@@ -119,7 +130,9 @@ async def serve() -> None:
     names = [n.strip() for n in os.environ.get("TUNEHUB_BACKENDS", "local").split(",") if n]
     backends = {name: make_backend(name, settings) for name in names}
     registry = Registry(db, settings.registry, settings.serving_root)
-    registry.write_serving_config()  # TensorFlow Serving finds a current file from the start
+    # TensorFlow Serving finds a current file from the start (from the database: waited for).
+    with waiting_out_outages():
+        await asyncio.to_thread(patient(registry.write_serving_config))
     engine = SweepHost(db, settings, backends, trial_api, registry, stable_api_url=True)
     ctx = ServiceContext(
         engine=engine,
@@ -146,7 +159,7 @@ async def serve() -> None:
     await engine.start()
     if notebook_gpus is not None:
         notebook_gpus.start()
-    adopted = adopt_orphans(engine)
+    adopted = await adopt_orphans(engine)
     log.info(
         "tuner service on %s://%s:%s%s (backends: %s; resumed sweeps: %s)",
         url.scheme, host, port, prefix, ", ".join(names), adopted or "none",

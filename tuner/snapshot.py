@@ -153,24 +153,12 @@ def _resolve(path: str, owner: Owner | None) -> Path:
     target is never revealed to them. Without an owner, in this process."""
     if owner is None or os.geteuid() == owner.uid:
         return Path(os.path.realpath(path))
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 1
-        try:
-            os.close(read_end)
-            unix_users.become(owner.uid, owner.gid, sorted(owner.groups), f"uid {owner.uid}")
-            os.write(write_end, os.fsencode(os.path.realpath(path)))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        resolved = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0 or not resolved:
+    answer = unix_users.answer_as(
+        lambda: unix_users.become(owner.uid, owner.gid, sorted(owner.groups), f"uid {owner.uid}"),
+        lambda: os.fsencode(os.path.realpath(path)))
+    if not answer.ok or not answer.data:
         raise SpecError("code", f"{path} could not be resolved as its owner")
-    return Path(os.fsdecode(resolved))
+    return Path(os.fsdecode(answer.data))
 
 
 def open_code(source: CodeSource) -> int:

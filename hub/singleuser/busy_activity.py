@@ -7,8 +7,9 @@ which takes the newest of every ``*_last_activity`` entry in the web app's setti
 extension keeps one such entry at "now" while any kernel's execution state is ``busy``.
 
 Enabled in every notebook server by :data:`hub.notebook.SINGLEUSER_ARGS`; being the one
-extension tunehub loads there, it also installs :mod:`hub.singleuser.lab_page`'s page-config hook
-and starts :mod:`hub.singleuser.gpu_reclaim` (GPU servers measure their own GPUs).
+extension tunehub loads there, it also installs :mod:`hub.singleuser.lab_page`'s page-config hook,
+starts :mod:`hub.singleuser.gpu_reclaim` (GPU servers measure their own GPUs) and adds
+:mod:`hub.singleuser.lab_notice` (its status endpoint and JupyterLab extension).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 
-from hub.singleuser import gpu_reclaim, lab_page
+from hub.singleuser import gpu_reclaim, lab_notice, lab_page
 
 SETTING = "tunehub_busy_kernels_last_activity"
 ENV_INTERVAL = "TUNEHUB_BUSY_CHECK_SECONDS"
@@ -38,7 +39,12 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "hub.singleuser.busy_activity"}]
 
 
+def _link_jupyter_server_extension(serverapp: Any) -> None:
+    lab_notice.link(serverapp)
+
+
 def _load_jupyter_server_extension(serverapp: Any) -> None:
+    lab_notice.add_handlers(serverapp)
     interval = float(os.environ.get(ENV_INTERVAL) or 30)
     settings = serverapp.web_app.settings
     # After every extension is loaded: JupyterHub's own sets the hook outright, replacing any

@@ -7,8 +7,10 @@ the platform's sampler (:mod:`tunehub_base.gpu_usage`) and reports each reading 
 its own token (:mod:`hub.gpu_reclaim`), whose answer carries the policy.
 
 The rule (:class:`IdleClock`): GPUs unused (no process on any, utilisation under the threshold)
-for ``warn_after`` seconds: the person is warned inside JupyterLab by a notice file at the top
-of their file browser (:data:`NOTICE`, removed as soon as a GPU is used again); still unused
+for ``warn_after`` seconds: the person is warned inside JupyterLab, by a warning notification
+(:mod:`hub.singleuser.lab_notice`, whose extension reads :meth:`Reclaimer.status`) and by a
+notice file at the top of their file browser (:data:`NOTICE`), both gone as soon as a GPU is
+used again; still unused
 ``reclaim_after`` seconds later and no cell running: the server asks the hub to stop it. A GPU
 without figures (no NVML, a lost GPU) is reported with the reason and never counts as unused.
 """
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunehub_base.gpu_usage import GpuReading, Sampler
+from hub.singleuser import lab_notice
+from tunehub_base.gpu_usage import GpuReading, Sampler, nvml_gpus
 
 NOTICE = "GPU-IDLE-NOTICE.txt"
 NO_GPUS = {"", "none", "void", "NoDevFiles"}
@@ -45,16 +48,8 @@ def visible_gpus(sampler: Sampler, declared: list[str] | None) -> list[str]:
     """``declared``, or the indices of every device NVML shows this process."""
     if declared is not None:
         return declared
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return ["0"]  # measured as GPU 0: its reading says why there are no figures
+    found = nvml_gpus()
+    return ["0"] if found is None else found  # measured as GPU 0: its reading says why
 
 
 @dataclass
@@ -113,6 +108,19 @@ def notice_text(policy: Policy) -> str:
         "then goes away.\n")
 
 
+def _duration(seconds: float) -> str:
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:g} s"
+
+
+def lab_message(policy: Policy) -> str:
+    """The notification's text: one line, short enough for JupyterLab's toast (140 characters)."""
+    return (f"GPUs unused for {_duration(policy.warn_after)}: this server stops in "
+            f"{_duration(policy.reclaim_after)} to give them back (never mid-cell; files kept). "
+            "Use a GPU to keep it.")
+
+
 def describe(readings: list[GpuReading]) -> str:
     """One line for the hub and the log: each GPU's figures or why there are none."""
     parts = []
@@ -137,9 +145,18 @@ class Reclaimer:
         self.declared = own_gpus()
         self.notice = Path(serverapp.root_dir) / NOTICE
         self.last_note = ""
+        self.gpus: list[str] | None = None  # None: not known yet
+        self.state = ""
+        self.message = ""  # the warning, while warned
+
+    def status(self) -> dict[str, Any]:
+        """What JupyterLab shows (:mod:`hub.singleuser.lab_notice`)."""
+        return {"gpus": self.gpus, "state": self.state, "message": self.message,
+                "poll_seconds": max(1.0, min(self.policy.sample_seconds, 30.0))}
 
     async def run(self) -> None:
         gpus = await asyncio.to_thread(visible_gpus, self.sampler, self.declared)
+        self.gpus = gpus
         if not gpus:
             return  # a CPU server: nothing to measure or give back
         self.app.log.info("tunehub: measuring this server's GPUs %s", ",".join(gpus))
@@ -153,6 +170,11 @@ class Reclaimer:
     async def once(self, gpus: list[str]) -> None:
         readings = list((await asyncio.to_thread(self.sampler.sample, gpus)).values())
         state = self.clock.step(readings, time.time(), self.busy(), self.policy)
+        if state == "warn":
+            self.message = lab_message(self.policy)
+        elif state not in ("warned", "cell running", "reclaim"):
+            self.message = ""
+        self.state = state
         note = describe(readings)
         try:  # a notice that cannot be written never holds back the report
             if state == "warn":
@@ -199,5 +221,5 @@ def start(serverapp: Any, busy: Any) -> None:
     if "JUPYTERHUB_API_TOKEN" not in os.environ:
         return  # not a hub's server
     reclaimer = Reclaimer(serverapp, busy)
-    serverapp.web_app.settings["tunehub_gpu_reclaim"] = (
+    serverapp.web_app.settings[lab_notice.SETTING] = (
         reclaimer, asyncio.ensure_future(reclaimer.run()))

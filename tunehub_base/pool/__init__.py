@@ -9,7 +9,8 @@ and one module per implementation (:class:`FairPolicy`, the product's; :class:`F
 and :class:`PartitionedPolicy`, the baselines ``benchmarks/pool.py`` compares it with). On one
 machine the tuner's :mod:`tuner.scheduling.gpu_queue` lays the lock files of
 :class:`tunehub_base.gpus.GpuPool` out for it (:meth:`Scheduler.adopt`) and carries out what it
-decides for notebooks; Kubernetes mode does not use it yet.
+decides for notebooks and trials; Kubernetes mode does not use it yet. Weights and caps come
+from ``TUNEHUB_POOL_SHARES`` (:mod:`tunehub_base.pool.shares_setting`).
 """
 
 from __future__ import annotations

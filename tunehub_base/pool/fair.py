@@ -76,9 +76,9 @@ class FairPolicy(Policy):
 
     def __init__(self, shares: ShareConfig | None = None, trials_preempt: bool = True) -> None:
         """``trials_preempt``: a waiting trial may stop running trials of a lower priority
-        (within its fair share); off where only notebooks' preemptions are carried out (the
-        local tuner, for now), so the queue never shows a trial waiting on a stop that will
-        not come."""
+        (within its fair share); off where only notebooks' preemptions are carried out, so
+        the queue never shows a trial waiting on a stop that will not come (the local tuner
+        carries out both: :mod:`tuner.scheduling.gpu_queue`)."""
         super().__init__(shares)
         self.trials_preempt = trials_preempt
         self._tiers = [_Tier() for _ in range(NOTEBOOK_TIER + 1)]

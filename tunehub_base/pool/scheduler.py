@@ -75,6 +75,21 @@ class Scheduler:
         position = self.policy.position(request)
         return Decision(request, None, position, self._reason(request, position - 1), actions)
 
+    def submit_all(self, requests: Sequence[GpuRequest]) -> list[Action]:
+        """Queue every one of ``requests``, then run one scheduling pass: how a caller that
+        lays out everyone waiting at once (the local queue, at each decision) gets the
+        policy's order, instead of the first submitted starting before a later, more
+        urgent one is even in the queue."""
+        for request in requests:
+            if request.request_id in self._waiting or request.request_id in self.holdings:
+                raise ValueError(f"request {request.request_id!r} is already in the pool")
+            if request.gpus > len(self.gpu_ids):
+                raise ValueError(f"request {request.request_id!r} wants {request.gpus} GPUs; "
+                                 f"the pool has {len(self.gpu_ids)}")
+        for request in requests:
+            self._enqueue(request)
+        return self.schedule()
+
     def schedule(self) -> list[Action]:
         """Start whatever can start, in the policy's order; when the head cannot fit, ask the
         policy whom to stop for it (at most once per GPU it lacks), then stop: nothing behind
@@ -137,8 +152,7 @@ class Scheduler:
         self._enqueue(request)
         for gpu in gpu_ids:
             self._free.remove(gpu)
-        holding = self._hold(request, tuple(gpu_ids), since)
-        holding.last_checkpoint_at = max(holding.last_checkpoint_at, last_checkpoint_at)
+        holding = self._hold(request, tuple(gpu_ids), since, last_checkpoint_at)
         if stopping_for is not None:
             holding.stopping = True
             self.policy.stopping(holding)
@@ -186,12 +200,14 @@ class Scheduler:
         gpus = tuple(self._free.pop() for _ in range(request.gpus))
         return self._hold(request, gpus, self.clock())
 
-    def _hold(self, request: GpuRequest, gpus: tuple[str, ...], since: float) -> Holding:
-        """The waiting ``request`` holds ``gpus`` (already taken off the free list)."""
+    def _hold(self, request: GpuRequest, gpus: tuple[str, ...], since: float,
+              last_checkpoint_at: float = 0.0) -> Holding:
+        """The waiting ``request`` holds ``gpus`` (already taken off the free list); the
+        policy sees its checkpoint time from the start (it orders victims by it)."""
         del self._waiting[request.request_id]
         self.waiting_gpus -= request.gpus
         self._incoming.pop(request.request_id, None)
-        holding = Holding(request, gpus, since)
+        holding = Holding(request, gpus, since, last_checkpoint_at)
         self.holdings[request.request_id] = holding
         self.policy.started(holding)
         return holding

@@ -15,7 +15,7 @@ from tornado.log import access_log
 
 from tunehub_base.request_bounds import BoundedApplication, RequestLimits
 from tuner.api.base import NotFoundHandler
-from tuner.api.trials import ReportHandler
+from tuner.api.trials import GpuUseHandler, ReportHandler
 from tuner.scheduling.host import SweepHost
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ def make_app(
     base = "/" + base_path.strip("/") + "/" if base_path.strip("/") else "/"
     routes: list[Any] = [
         (rf"{base}api/v1/trials/([^/]+)/report", ReportHandler, {"engine": engine}),
+        (rf"{base}api/v1/trials/([^/]+)/gpu-use", GpuUseHandler, {"engine": engine}),
     ]
     # Every body is bounded before any route sees it (tunehub_base.request_bounds).
     settings: dict[str, Any] = {"request_limits": limits or RequestLimits.from_env()}

@@ -197,6 +197,24 @@ SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "GpuUseReport": {
+        "type": "object",
+        "required": ["readings"],
+        "properties": {
+            "attempt": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+            "readings": {"type": "array", "minItems": 1, "maxItems": 16, "items": {
+                "type": "object", "required": ["gpu"], "properties": {
+                    "gpu": {"type": "string", "minLength": 1, "maxLength": 64},
+                    "utilization": _nullable("number", minimum=0, maximum=1),
+                    "memory_used_bytes": _nullable("integer", minimum=0),
+                    "memory_total_bytes": _nullable("integer", minimum=0),
+                    "pids": {"type": "array", "maxItems": 256,
+                             "items": {"type": "integer", "minimum": 0}},
+                    "absent": _nullable("string", maxLength=300),
+                    "name": _nullable("string", maxLength=300),
+                }}},
+        },
+    },
 }
 
 
@@ -307,6 +325,26 @@ def document(base_path: str) -> dict[str, Any]:
                         # 401 for any report no running attempt takes, whichever the
                         # reason (tuner.api.trials.refused); 404 only for a path that is no
                         # route at all (an empty trial id).
+                        **_errors("400", "401", "404", "413"),
+                    },
+                },
+            },
+            "/trials/{trial_id}/gpu-use": {
+                "parameters": [_id_param("trial_id")],
+                "post": {
+                    "summary": "A Kubernetes trial pod's reading of its own GPUs (its running "
+                               "attempt's token only)",
+                    "security": [{"trialToken": []}],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": ref("GpuUseReport")}},
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "the GPUs of the attempt measured as unused so far",
+                            "content": {"application/json": {"schema": _object(
+                                {"unused": {"type": "array", "items": {"type": "string"}}})}},
+                        },
                         **_errors("400", "401", "404", "413"),
                     },
                 },

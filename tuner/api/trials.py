@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tunehub_base.gpu_usage import GpuReading
 from tuner.api.base import MAX_ID, ApiError, JsonHandler, parse_id
 from tuner.errors import NotFound, Unauthorized
 from tuner.scheduling.host import SweepHost
@@ -37,14 +38,30 @@ def _small_int(value: Any, minimum: int) -> bool:
             and minimum <= value <= MAX_ID)
 
 
-class ReportHandler(JsonHandler):
+class TrialTokenHandler(JsonHandler):
+    """What a running trial's calls share: its token (``Bearer``) and its attempt number."""
+
     def initialize(self, engine: SweepHost) -> None:
         self.engine = engine
 
-    def post(self, trial_id: str) -> None:
+    def token(self) -> str:
         auth = self.request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             raise ApiError(401, "a trial token is required (Authorization: Bearer ...)")
+        return auth[7:].strip()
+
+    @staticmethod
+    def attempt(body: dict[str, Any]) -> int:
+        attempt = body.get("attempt", 1)
+        if not _small_int(attempt, 1):
+            raise ApiError(400, f"attempt: expected a positive integer, got {attempt!r:.80}",
+                           "attempt")
+        return int(attempt)
+
+
+class ReportHandler(TrialTokenHandler):
+    def post(self, trial_id: str) -> None:
+        token = self.token()
         body = self.json_body()
         value = _finite(body.get("value"))
         if value is None:
@@ -55,16 +72,40 @@ class ReportHandler(JsonHandler):
         if step is not None and not _small_int(step, 0):
             raise ApiError(400, f"step: expected an integer from 0 to {MAX_ID}, got {step!r:.80}",
                            "step")
-        attempt = body.get("attempt", 1)
-        if not _small_int(attempt, 1):
-            raise ApiError(400, f"attempt: expected a positive integer, got {attempt!r:.80}",
-                           "attempt")
+        attempt = self.attempt(body)
         last = body.get("last", False)
         if not isinstance(last, bool):
             raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
         try:
             tid = parse_id(trial_id, "")
-            prune = self.engine.report(tid, auth[7:].strip(), attempt, value, step, last=last)
+            prune = self.engine.report(tid, token, attempt, value, step, last=last)
         except (NotFound, Unauthorized):
             raise refused() from None
         self.send({"prune": prune})
+
+
+MAX_READINGS = 16  # GPUs one pod's reading may carry
+
+
+class GpuUseHandler(TrialTokenHandler):
+    """A Kubernetes trial pod's reading of its own GPUs (:mod:`tuner.sdk.gpu_report`), with
+    the trial's token: the same rules as a report (refused alike for any attempt not running)."""
+
+    def post(self, trial_id: str) -> None:
+        token = self.token()
+        body = self.json_body()
+        attempt = self.attempt(body)
+        raw = body.get("readings")
+        if not isinstance(raw, list) or not 0 < len(raw) <= MAX_READINGS:
+            raise ApiError(400, f"readings: expected a list of 1 to {MAX_READINGS} readings",
+                           "readings")
+        try:
+            readings = [GpuReading.from_json(r) for r in raw]
+        except ValueError as exc:
+            raise ApiError(400, f"readings: {exc}", "readings") from None
+        try:
+            tid = parse_id(trial_id, "")
+            answer = self.engine.gpu_use(tid, token, attempt, readings)
+        except (NotFound, Unauthorized):
+            raise refused() from None
+        self.send(answer)

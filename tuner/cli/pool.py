@@ -77,9 +77,31 @@ def cmd_pool(args: argparse.Namespace) -> int:
             waiting.add_row(str(q["position"]), q["person"], q["what"], str(q["gpus"]),
                             q["reason"])
         console.print(waiting)
+    if view.get("shares"):
+        console.print(shares_table(view["shares"], view.get("groups") or []))
+    if view.get("shares_error"):
+        console.print(f"shares: {view['shares_error']}", markup=False, highlight=False)
     for reason in sorted(absent):
         console.print(f"not measured: {reason}", markup=False, highlight=False)
     return 0
+
+
+def shares_table(people: list[dict[str, Any]], groups: list[dict[str, Any]]) -> Table:
+    """Each person's (then each configured group's) weight, cap, GPUs held and waiting, and
+    dominant share: why the queue is in its order (``TUNEHUB_POOL_SHARES``)."""
+    table = Table(title="Shares")
+    for col in ("person", "account", "weight", "cap", "held", "waiting", "share", "fair share"):
+        table.add_column(col)
+    for row in people:
+        table.add_row(row["person"], row["account"], f"{row['weight']:g}",
+                      "-" if row["max_gpus"] is None else str(row["max_gpus"]),
+                      str(row["held_gpus"]), str(row["waiting_gpus"]), f"{row['share']:.2f}",
+                      f"{row['fair_share_gpus']:g} GPUs")
+    for group in groups:
+        table.add_row(f"group {group['group']}", "-", f"{group['weight']:g}",
+                      "-" if group["max_gpus"] is None else str(group["max_gpus"]),
+                      str(group["held_gpus"]), "-", "-", "-")
+    return table
 
 
 def memory_cell(used: int | None, total: int | None) -> str:

@@ -22,7 +22,7 @@ from tuner.cli.render import (
     summary_line,
     sweeps_table,
 )
-from tuner.db.outage import patient, waiting_out_outages
+from tuner.db.outage import once_reachable, patient, waiting_out_outages
 from tuner.lifecycle.states import SweepState, TrialState
 from tuner.runtime import LocalRuntime
 from tuner.spec import SweepSpec
@@ -153,7 +153,7 @@ def drive(sweep_id: int, backend: str, as_json: bool = False, quiet: bool = Fals
 
     async def main() -> str:
         async with LocalRuntime(settings, db, [backend]) as engine:
-            task = engine.run_sweep(sweep_id)
+            task = await once_reachable(engine.run_sweep, sweep_id)  # its claim waits an outage out
             await progress_until(task, read, quiet=quiet or as_json)
             return task.result()
 

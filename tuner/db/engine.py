@@ -16,6 +16,8 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from tuner.db.outage import patient, waiting_out_outages
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "tunehub_alembic_version"
 
@@ -65,7 +67,19 @@ class Database:
         tune_sqlite(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         if migrate:
-            self.migrate()
+            try:
+                self.migrate()
+            except BaseException:
+                self.engine.dispose()  # (a retry after an outage opens a new one)
+                raise
+
+    @classmethod
+    def when_reachable(cls, url: str) -> Database:
+        """``Database(url)``, waiting out an outage (with backoff, said once in the log) instead
+        of failing: a process that starts while its database is down (the tuner service after a
+        machine's reboot, a failover in progress) comes up when it returns, not in a crash loop."""
+        with waiting_out_outages():
+            return patient(cls)(url)
 
     def migrate(self) -> None:
         from alembic import command

@@ -31,6 +31,7 @@ from tuner.errors import TunehubError
 __all__ = [
     "DatabaseUnavailable",
     "off_the_loop_while_down",
+    "once_reachable",
     "RETRY_AFTER_SECONDS",
     "OUTAGE_SECONDS",
     "note_reachable",
@@ -151,6 +152,25 @@ async def off_the_loop_while_down(fn: Callable[P, R], *args: P.args, **kwargs: P
         except DatabaseUnavailable:
             pass
     return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+async def once_reachable(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``fn`` (a quick call that must run on the event loop, e.g. one that starts a task, and
+    raises :class:`DatabaseUnavailable` during an outage) called again with backoff on the
+    loop's clock until the database answers: what starts a controller (the service adopting
+    its sweeps, the CLI driving one) waits an outage out instead of dying with it, and the
+    loop serves meanwhile. Gives up after :data:`OUTAGE_SECONDS`, like :func:`patient`."""
+    deadline = time.monotonic() + OUTAGE_SECONDS
+    delay = _FIRST_DELAY
+    while True:
+        with waiting_out_outages(False):
+            try:
+                return fn(*args, **kwargs)
+            except DatabaseUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+        await asyncio.sleep(delay)  # backoff between retries of a lost connection
+        delay = min(delay * 2, _MAX_DELAY)
 
 
 def patient(fn: Callable[P, R]) -> Callable[P, R]:

@@ -139,7 +139,8 @@ def trials_done(sweep_view: Mapping[str, Any]) -> int:
 
 
 #: The reason a preempted attempt's trial carries while it waits to run again.
-PREEMPTED_REASON = "preempted: its GPU went to a notebook; it resumes from its last checkpoint"
+PREEMPTED_REASON = ("preempted: its GPU went to a notebook or a higher-priority trial; it resumes "
+                    "from its last checkpoint")
 
 #: The reason a sweep cancelled by its owner carries (``sweep show``: "cancelled: cancelled").
 CANCELLED_REASON = "cancelled"

@@ -5,8 +5,9 @@ through the two callables the controller gives it)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tunehub_base.gpu_meter import UseMeter
 from tuner import metrics
 from tuner.lifecycle.trial_paths import TrialPaths
 from tuner.search.mirror import MirroredTrial
@@ -31,6 +32,8 @@ class Running:
     preemptions: int = 0
     #: The GPU pool is stopping this attempt for a notebook (set when it was asked to).
     preempting: bool = False
+    #: Its GPUs' measured use, as its pod reports it (Kubernetes; GPU id -> meter).
+    gpu_meters: dict[str, UseMeter] = field(default_factory=dict)
 
     @property
     def retries_used(self) -> int:

@@ -29,10 +29,13 @@ import logging
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from tunehub_base.gpu_meter import UseMeter, UsePolicy
+from tunehub_base.gpu_pod_use import PodUseBook
+from tunehub_base.gpu_usage import GpuReading
 from tunehub_base.settings import Settings
-from tuner import metrics
+from tuner import metrics, untrusted_files
 from tuner.backends._base import (
     COLD,
     NOT_WARM,
@@ -73,6 +76,7 @@ __all__ = ["ControllerHost", "ControllerObserver", "SweepController"]
 log = logging.getLogger("tunehub.controller")
 
 WAKE_SECONDS = 1.0  # re-check free resources / cancellation when no event arrives
+MAX_POD_GPUS = 16  # GPUs one attempt's pod may report
 MAX_NOTED_IMPORTS = 20  # packages named in a sweep's "not fully warm" note
 
 
@@ -128,6 +132,19 @@ class ControllerHost(Protocol):
     @property
     def limits(self) -> Limits: ...
 
+    @property
+    def pool_gate(self) -> PoolGate | None: ...
+
+
+class PoolGate(Protocol):
+    """The GPU pool's say over a trial's start (the tuner service's
+    :class:`~tuner.scheduling.gpu_queue.GpuQueue`): the policy's order, caps and preemptions."""
+
+    def admits(self, controller: SweepController) -> tuple[bool, str | None]:
+        """``(True, None)``: start the next trial now; else ``(False, reason)``, ``reason``
+        what the waiting trial's row says (None: leave it)."""
+        ...
+
 
 class SweepController:
     """Drives one sweep from its current state to completed, failed or cancelled."""
@@ -142,6 +159,8 @@ class SweepController:
         self.relaunch: deque[int] = deque()  # trial ids waiting for their next attempt
         self.ready: int | None = None  # a trial asked ahead, waiting for a free slot
         self.owner_queued: int | None = None  # the ready trial, told it waits for its owner's cap
+        #: The waiting trial told why the GPU pool holds it back, and what it was told.
+        self.pool_queued: tuple[int, str] | None = None
         # The ask ahead while it runs in a worker thread: its trial id once done.
         self.asking: asyncio.Future[int] | None = None
         self.created = 0
@@ -274,19 +293,45 @@ class SweepController:
         """An attempt may start now: within its owner's cap on concurrent workers (all their
         sweeps on this host together; :mod:`tuner.limits`) and the backend has room (GPUs).
         Otherwise the trial waits, pending, and the loop looks again on the next event."""
-        return self._owner_admits() and self.backend.can_launch(self.spec.resources)
+        return self._owner_admits() and self._room()
 
     def _owner_admits(self) -> bool:
         return self.engine.admits(self.owner, self.spec.resources.workers)
 
-    def _queue_behind_owner(self) -> None:
+    def _room(self) -> bool:
+        """The GPU pool's policy lets the next trial start (where a pool decides: the tuner
+        service's local GPUs), and the backend has room for it."""
+        gate = self.engine.pool_gate
+        if gate is not None:
+            admitted, reason = gate.admits(self)
+            if not admitted:
+                self._queue_for_pool(reason)
+                return False
+        return self.backend.can_launch(self.spec.resources)
+
+    def _queue_for_pool(self, reason: str | None) -> None:
+        """Held back by the pool: a trial waits as a pending row (asked ahead now if need
+        be, so the queue names it), saying ``reason`` where the pool gives one (a cap)."""
+        if self.ready is None and not self.relaunch:
+            self._ask_ahead()
+            return
+        trial_id = self.relaunch[0] if self.relaunch else self.ready
+        if reason is None or trial_id is None or self.pool_queued == (trial_id, reason):
+            return
+        self.pool_queued = (trial_id, reason)
+        self.ledger.set_reasons({trial_id: reason})
+
+    async def _queue_behind_owner(self) -> None:
         """Over its owner's cap: the next trial waits as a pending row that says why (asked
-        ahead now if need be), until one of the owner's attempts ends and the host wakes us."""
+        ahead now if need be), until one of the owner's attempts ends and the host wakes us.
+        The reason's write waits out a database outage in a worker thread, not on the loop."""
         if self.ready is None:
             self._ask_ahead()
         elif self.ready != self.owner_queued:
             self.owner_queued = self.ready
-            self.ledger.set_reasons({self.ready: self.engine.limits.waiting_reason(self.owner)})
+            await off_the_loop_while_down(
+                self.ledger.set_reasons,
+                {self.ready: self.engine.limits.waiting_reason(self.owner)})
 
     async def _start_ready(self) -> None:
         """Start the trial asked ahead in the slot that just freed, before the bookkeeping of
@@ -303,9 +348,9 @@ class SweepController:
                     self.asking is not None or self.created >= self.spec.trials):
                 return  # (a trial being asked takes the slot once ready: it wakes the loop)
             if not self._owner_admits():
-                self._queue_behind_owner()
+                await self._queue_behind_owner()
                 return
-            if not self.backend.can_launch(self.spec.resources):
+            if not self._room():
                 return
             if self.relaunch:
                 trial_id = self.relaunch.popleft()
@@ -372,8 +417,9 @@ class SweepController:
         start = await off_the_loop_while_down(self.ledger.start_attempt, self.sweep_id,
                                               trial_id, token_hash)
         self.numbers[trial_id] = start.number
-        if trial_id == self.owner_queued:  # its wait is over
-            self.owner_queued = None
+        if trial_id == self.owner_queued or (self.pool_queued or (None,))[0] == trial_id:
+            self.owner_queued = None  # its wait is over
+            self.pool_queued = None
             await off_the_loop_while_down(self.ledger.set_reasons, {trial_id: None})
         prepare_workdir(start.paths, self.code_dir)
         write_attempt_header(start.paths.log_path, start.number, start.attempt,
@@ -426,15 +472,41 @@ class SweepController:
                                time.perf_counter() - began)
         return pruned
 
-    def _judge(
-        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
-        last: bool,
-    ) -> bool:
+    def _attempt(self, trial_id: int, token: str, attempt: int) -> Running:
+        """The running attempt this token was made for, or Unauthorized."""
         rt = self.running.get(trial_id)
         if rt is None or not token_matches(token, rt.token_hash):
             raise Unauthorized("this token is not valid for that trial")
         if attempt != rt.attempt:
             raise Unauthorized(f"attempt {attempt} of this trial is no longer running")
+        return rt
+
+    def gpu_use(self, trial_id: int, token: str, attempt: int,
+                readings: list[GpuReading]) -> dict[str, Any]:
+        """A pod's reading of its own GPUs: summed per GPU for the attempt and kept with the
+        sweep (:class:`~tunehub_base.gpu_pod_use.PodUseBook`), so ``sweep show`` and the
+        Sweeps page flag a trial that holds a GPU it does not use."""
+        rt = self._attempt(trial_id, token, attempt)
+        policy = UsePolicy.from_env()
+        now = time.time()
+        book = PodUseBook(self.engine.settings.gpu_locks_dir)
+        for reading in readings:
+            meter = rt.gpu_meters.get(reading.gpu)
+            if meter is None:
+                if len(rt.gpu_meters) >= MAX_POD_GPUS:
+                    continue
+                meter = rt.gpu_meters[reading.gpu] = UseMeter(reading.gpu, since=now)
+            meter.add(reading, now, policy)
+            book.keep(self.sweep_id, {"trial": rt.number, "attempt": rt.attempt,
+                                      "gpu": reading.gpu, "start": meter.since, "end": now,
+                                      "use": meter.to_json(policy)})
+        return {"unused": sorted(g for g, m in rt.gpu_meters.items() if m.unused(policy))}
+
+    def _judge(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool,
+    ) -> bool:
+        rt = self._attempt(trial_id, token, attempt)
         if step is None:
             rt.final_value = value
             return False
@@ -455,6 +527,7 @@ class SweepController:
             await self._waiting(rt, event)
             return
         self.running.pop(event.trial_id)
+        note_unused_pod_gpus(rt)
         await self._note_warmth(event)
         await self._start_ready()
         if event.kind == EventKind.PREEMPTED and not rt.pruned and not self.cancel_requested:
@@ -639,3 +712,21 @@ class SweepController:
         await self.backend.cleanup(self.sweep_id)
         log.info("sweep %s %s", self.sweep_id, state)
         return state
+
+
+def note_unused_pod_gpus(rt: Running) -> None:
+    """At the end of an attempt whose pod reported its GPUs (Kubernetes), the trial's log says
+    which it never used, as a local attempt's does (:mod:`tuner.backends.local.gpu_watch`).
+    Written last: the pod's own output is saved into the log before its end is announced."""
+    policy = UsePolicy.from_env()
+    unused = sorted(g for g, m in rt.gpu_meters.items() if m.unused(policy))
+    if not unused:
+        return
+    held = max((m.last_at - m.since for g, m in rt.gpu_meters.items()
+                if g in unused and m.last_at is not None), default=0.0)
+    line = (f"tunehub: this attempt held GPU {', '.join(unused)} for {held:.0f} s and never used "
+            f"it ({policy.describe()} or more). Does the code run on the CPU?\n")
+    try:
+        untrusted_files.append(rt.paths.log_path, line.encode())
+    except OSError:
+        pass  # not a regular file any more: the backend's own open of the log says so

@@ -6,8 +6,9 @@ as :class:`~tuner.scheduling.controller.ControllerHost`."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from tunehub_base.gpu_usage import GpuReading
 from tunehub_base.settings import Settings
 from tuner.backends._base import Backend, TrialEvent
 from tuner.db import Database
@@ -15,7 +16,7 @@ from tuner.errors import NotFound
 from tuner.lifecycle.ledger import Ledger
 from tuner.lifecycle.states import SweepState
 from tuner.limits import Limits
-from tuner.scheduling.controller import ControllerObserver, SweepController
+from tuner.scheduling.controller import ControllerObserver, PoolGate, SweepController
 
 if TYPE_CHECKING:
     from tuner.serving.registry import Registry
@@ -50,6 +51,8 @@ class SweepHost:
         #: Watch every controller this host runs (:class:`ControllerObserver`).
         self.observers: list[ControllerObserver] = []
         self.controllers: dict[int, SweepController] = {}
+        #: The GPU pool's say over GPU trials' starts (the tuner service's queue sets it).
+        self.pool_gate: PoolGate | None = None
         self._by_trial: dict[int, SweepController] = {}
         self._tasks: dict[int, asyncio.Task[SweepState]] = {}
 
@@ -107,6 +110,14 @@ class SweepHost:
         if controller is None:
             raise NotFound(f"trial {trial_id} is not running")
         return controller.report(trial_id, token, attempt, value, step, last)
+
+    def gpu_use(self, trial_id: int, token: str, attempt: int,
+                readings: list[GpuReading]) -> dict[str, Any]:
+        """A running attempt's reading of its own GPUs (a Kubernetes pod's)."""
+        controller = self._by_trial.get(trial_id)
+        if controller is None:
+            raise NotFound(f"trial {trial_id} is not running")
+        return controller.gpu_use(trial_id, token, attempt, readings)
 
     def admits(self, owner: str, workers: int) -> bool:
         """Whether ``owner`` may start one more attempt of ``workers`` workers now. Their use

@@ -147,11 +147,20 @@ class _Walk:
                         raise ModelRefused(f"the model is larger than {self.max_bytes} bytes "
                                            "(TUNEHUB_MODEL_MAX_BYTES)")
                     self.left -= len(chunk)
-                    os.write(out, chunk)
+                    _write_all(out, chunk)
+                os.fsync(out)  # on disk before the version's rename makes it visible
             finally:
                 os.close(out)
         finally:
             os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data``: a disk that is nearly full takes part of a write and says so only by
+    the count (the next write raises ``ENOSPC``); ignoring the count truncates the file."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _kind(mode: int) -> str:

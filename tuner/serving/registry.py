@@ -11,6 +11,7 @@ version's directory is claimed with an atomic rename before its row is written.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -31,6 +32,8 @@ from tuner.spec import POLICIES
 
 log = logging.getLogger(__name__)
 
+#: What a full disk (or a spent quota) answers a write.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 #: The stages a version can hold; a version that loses its stage becomes ``archived``.
 STAGES = ("production", "canary")
 ARCHIVED = "archived"
@@ -83,8 +86,14 @@ class Registry:
             intake.copy_model(Path(source_dir), staging,
                               setting("TUNEHUB_MODEL_MAX_BYTES").number(), trusted)
             version = self._claim_version(model, staging)
-        except BaseException:
+        except BaseException as exc:
+            # Written whole into staging, then renamed: a failure leaves no version behind.
             shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.errno in _FULL:
+                raise RegistryError(
+                    f"the model registry is full ({os.strerror(exc.errno)} under {self.root}): "
+                    f"{model} was not stored; free space there and register or promote "
+                    "again") from None
             raise
         with self.db.session() as s:
             row = ModelVersion(

@@ -295,6 +295,7 @@ async function loadPool() {
       el("td", {}, g.memory_used_bytes === null || g.memory_used_bytes === undefined ? "–"
         : `${fmtBytes(g.memory_used_bytes)} of ${fmtBytes(g.memory_total_bytes)}`));
   }));
+  renderPoolQueue(pool);
   const rows = [];
   for (const by of ["person", "group", "sweep", "notebook"]) {
     for (const [name, hours] of Object.entries(usage[by] || {})) {
@@ -306,6 +307,36 @@ async function loadPool() {
   $("pool-usage").querySelector("tbody").replaceChildren(...rows);
   $("pool-usage").hidden = rows.length === 0;
   $("no-usage").hidden = rows.length > 0;
+}
+
+// The queue by position (who, what, why) and each person's and group's weight and cap: only
+// the tuner service keeps them (absent on a pool without one).
+function renderPoolQueue(pool) {
+  const queue = pool.queue || [];
+  $("pool-queue").querySelector("tbody").replaceChildren(...queue.map((q) =>
+    el("tr", { dataset: { position: q.position, person: q.person } },
+      el("td", {}, String(q.position)), el("td", {}, q.person), el("td", {}, q.what),
+      el("td", {}, String(q.gpus)), el("td", {}, q.priority || "notebook"),
+      el("td", {}, q.reason))));
+  $("pool-queue").hidden = queue.length === 0;
+  $("no-queue").hidden = queue.length > 0;
+  const cap = (n) => (n === null || n === undefined ? "–" : String(n));
+  const shares = (pool.shares || []).map((r) =>
+    el("tr", { dataset: { person: r.person } },
+      el("td", {}, r.person), el("td", {}, r.account), el("td", {}, String(r.weight)),
+      el("td", {}, cap(r.max_gpus)), el("td", {}, String(r.held_gpus)),
+      el("td", {}, String(r.waiting_gpus)), el("td", {}, r.share.toFixed(2)),
+      el("td", {}, `${r.fair_share_gpus} GPUs`)));
+  for (const g of pool.groups || []) {
+    shares.push(el("tr", { dataset: { group: g.group } },
+      el("td", {}, `group ${g.group}`), el("td", {}, "–"), el("td", {}, String(g.weight)),
+      el("td", {}, cap(g.max_gpus)), el("td", {}, String(g.held_gpus)), el("td", {}, "–"),
+      el("td", {}, "–"), el("td", {}, "–")));
+  }
+  $("pool-shares").querySelector("tbody").replaceChildren(...shares);
+  $("pool-shares").hidden = shares.length === 0;
+  $("shares-error").textContent = pool.shares_error || "";
+  $("shares-error").hidden = !pool.shares_error;
 }
 
 // --- refresh loop -------------------------------------------------------------------------

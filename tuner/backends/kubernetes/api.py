@@ -1,15 +1,25 @@
 """A thin layer over kubernetes-asyncio that speaks the API's JSON (plain dicts), so the
 manifests and status rules stay plain data, and that turns API errors into one readable line.
+
+An API server has bad moments (an upgrade, a failover, overload): 429, 500, 502, 503 and 504
+answers and refused or dropped connections are tried again with backoff (the server's
+``Retry-After`` when it gives one) for up to :data:`API_PATIENCE` seconds, so a blink fails no
+attempt. A create whose answer was lost after it was applied is answered 409 when tried again:
+the object is then ours, never made twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins  # `list` names a method of a class below: its annotations say builtins.list
 import json
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import aiohttp
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -18,6 +28,18 @@ from tuner.backends.kubernetes import kueue
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.errors import TunehubError
 
+log = logging.getLogger("tunehub.backends.kubernetes")
+T = TypeVar("T")
+
+#: Answers that mean "the server cannot answer now; the same request may work in a moment".
+TRANSIENT = frozenset({429, 500, 502, 503, 504})
+#: How long one call is tried again through transient failures before they count.
+API_PATIENCE = 60.0
+#: How long one request may take before it is given up on and tried again (a watch has its
+#: own): without it, a server that accepted the connection and never answered would hold the
+#: backend forever.
+REQUEST_SECONDS = 30.0
+_FIRST_DELAY, _MAX_DELAY = 0.5, 8.0
 WATCH_SECONDS = 300  # server-side timeout of one watch request; the watch then resumes
 #: The most of one pod's output the tuner reads into memory for the trial's log.
 POD_LOG_BYTES = 16 * 2**20
@@ -45,6 +67,40 @@ def api_message(exc: ApiException) -> str:
     except (TypeError, ValueError):
         pass
     return f"{exc.status} {exc.reason}".strip()
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure worth trying again: a transient status, or the connection refused, dropped
+    or timed out."""
+    if isinstance(exc, ApiException):
+        return exc.status in TRANSIENT
+    return isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                            asyncio.TimeoutError))
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    headers = getattr(exc, "headers", None) or {}
+    try:
+        return min(float(headers.get("Retry-After", "")), _MAX_DELAY * 4)
+    except (TypeError, ValueError):
+        return None
+
+
+async def patiently(what: str, call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``, tried again with backoff while it fails transiently (:func:`transient`),
+    for up to :data:`API_PATIENCE` seconds; then, or for any other failure, raised."""
+    deadline = time.monotonic() + API_PATIENCE
+    delay = _FIRST_DELAY
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not transient(exc) or time.monotonic() > deadline:
+                raise
+            wait = _retry_after(exc) or delay
+            log.warning("%s: %s; trying again in %.1f s", what, describe(exc), wait)
+            await asyncio.sleep(wait)  # backoff between retries of a failed API call
+            delay = min(delay * 2, _MAX_DELAY)
 
 
 async def connect(settings: KubeSettings) -> client.ApiClient:
@@ -110,15 +166,42 @@ class Kube:
         if resp.status >= 400:
             exc = ApiException(status=resp.status, reason=resp.reason)
             exc.body = body.decode(errors="replace")
+            exc.headers = resp.headers  # (Retry-After)
             raise exc
         return dict(json.loads(body))
 
     # --- Jobs and their dependents ------------------------------------------------------
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create ``obj``, through transient failures (:func:`patiently`). A 409 on a second
+        try means the first was applied and its answer lost: the object is ours (a Job is read
+        back, for its uid); a 409 on the first try is the caller's to judge (a Job of an
+        earlier tuner)."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        tries = 0
+
+        async def once() -> dict[str, Any]:
+            nonlocal tries
+            tries += 1
+            try:
+                return await self._create(obj)
+            except ApiException as exc:
+                if exc.status != 409 or tries == 1:
+                    raise
+                if kind != "Job":
+                    return obj
+                existing = await self.get_job(name)
+                if existing is None:
+                    raise
+                return existing
+
+        return await patiently(f"creating {kind} {name}", once)
+
+    async def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
         # The client's annotations ask for its model classes (V1Job, ...); its serializer sends
         # a plain manifest dict as it is, which is what we build (manifests.py).
-        kwargs: dict[str, Any] = {"_preload_content": False}
+        kwargs: dict[str, Any] = {"_preload_content": False,
+                                  "_request_timeout": REQUEST_SECONDS}
         kind = obj["kind"]
         if kind == "Job":
             return await self._json(
@@ -138,19 +221,23 @@ class Kube:
         """Create Job ``obj`` as a server-side dry run (nothing is stored; an invalid Job
         raises :class:`ApiException`) and return the server's ``Warning`` headers, e.g. that
         its pods would violate the namespace's Pod Security level."""
-        warnings: list[str] = []
-        await self._json(
-            self.batch.create_namespaced_job(  # a dict, as in create
-                self.ns, obj, dry_run="All", _preload_content=False),  # type: ignore[arg-type]
-            warnings,
-        )
-        return warnings
+        async def once() -> list[str]:
+            warnings: list[str] = []
+            await self._json(
+                self.batch.create_namespaced_job(  # a dict, as in create
+                    self.ns, obj, dry_run="All", _preload_content=False,  # type: ignore[arg-type]
+                    _request_timeout=REQUEST_SECONDS),
+                warnings,
+            )
+            return warnings
+
+        return await patiently("checking the Job (dry run)", once)
 
     async def get_job(self, name: str) -> dict[str, Any] | None:
         try:
-            return await self._json(
-                self.batch.read_namespaced_job(name, self.ns, _preload_content=False)
-            )
+            return await patiently(f"reading Job {name}", lambda: self._json(
+                self.batch.read_namespaced_job(name, self.ns, _preload_content=False,
+                                              _request_timeout=REQUEST_SECONDS)))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -159,11 +246,12 @@ class Kube:
     async def delete_job(self, name: str) -> bool:
         """Delete with Background propagation (pods, Secret, Service follow); False if gone."""
         try:
-            await self._json(
+            await patiently(f"deleting Job {name}", lambda: self._json(
                 self.batch.delete_namespaced_job(
-                    name, self.ns, propagation_policy="Background", _preload_content=False
+                    name, self.ns, propagation_policy="Background", _preload_content=False,
+                    _request_timeout=REQUEST_SECONDS,
                 )
-            )
+            ))
             return True
         except ApiException as exc:
             if exc.status == 404:
@@ -207,11 +295,12 @@ class Kube:
 
     async def list(self, kind: str, selector: str, fields: str | None = None) -> dict[str, Any]:
         """Jobs, pods or events of the namespace matching a label (and field) selector."""
-        return await self._json(
+        return await patiently(f"listing {kind}", lambda: self._json(
             self._lister(kind)(
-                self.ns, **self._selectors(selector, fields), _preload_content=False
+                self.ns, **self._selectors(selector, fields), _preload_content=False,
+                _request_timeout=REQUEST_SECONDS,
             )
-        )
+        ))
 
     async def watch(
         self, kind: str, selector: str, resource_version: str, fields: str | None = None

@@ -18,6 +18,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from tunehub_base.gpu_meter import number_setting
 from tuner.backends._base import TrialLaunch
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.sdk.training import ENV_TOKEN
@@ -37,6 +38,11 @@ TF_PORT = 2222
 #: A release name used as it is in object names: a DNS-1035 label short enough to leave room
 #: for ``-s<sweep>-t<trial>-a<attempt>-<worker>`` within 63 characters (pod hostnames).
 _PLAIN_PREFIX = re.compile(r"[a-z]([-a-z0-9]{0,18}[a-z0-9])?")
+
+#: Put before a GPU trial's command: its pod measures its own GPUs and reports them with the
+#: trial's token (:mod:`tuner.sdk.gpu_report`), until the trial's shell (``$$``) ends.
+GPU_REPORT = "python -m tuner.sdk.gpu_report $$ & "
+SAMPLE_ENV = "TUNEHUB_GPU_SAMPLE_SECONDS"
 
 
 def selector(settings: KubeSettings) -> str:
@@ -179,6 +185,8 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
         # CPU-only: no GPU even on a GPU node whose runtime exposes all by default.
         env += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"},
                 {"name": "CUDA_VISIBLE_DEVICES", "value": ""}]
+    else:  # the pod's GPU readings (GPU_REPORT) at the tuner's sampling period
+        env.append({"name": SAMPLE_ENV, "value": f"{number_setting(SAMPLE_ENV):g}"})
     env += [
         {
             "name": ENV_TOKEN,
@@ -194,6 +202,8 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     if res.gpu:
         limits[settings.gpu_names.resource] = str(res.gpu)
     command = launch.command
+    if res.gpu:
+        command = f"{GPU_REPORT}{command}"
     if res.workers > 1:
         command = tf_config_command(name, res.workers, command)
     container: dict[str, Any] = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from tuner.backends.kubernetes.api import Kube, describe
 log = logging.getLogger("tunehub.backends.kubernetes")
 
 RETRY_SECONDS = 2.0  # back-off before re-listing after a failed watch
+QUICK_END_SECONDS = 1.0  # a watch that ended sooner, empty, is started again after this
 
 #: Handles one object; ``True``: it was deleted.
 Handler = Callable[[dict[str, Any], bool], Awaitable[None]]
@@ -68,11 +70,17 @@ class Watch:
                     await listed(items)
                 self.ready.set()
                 while True:
+                    began, events = time.monotonic(), 0
                     async for etype, obj in self.kube.watch(
                         self.kind, self.labels, version, self.fields
                     ):
+                        events += 1
                         version = obj.get("metadata", {}).get("resourceVersion", version)
                         await self._handle(obj, etype == "DELETED")
+                    # Ended: resumed from the last version seen (nothing is missed or seen
+                    # twice); one that ended at once, empty (a proxy cutting it), not at once.
+                    if not events and time.monotonic() - began < QUICK_END_SECONDS:
+                        await asyncio.sleep(QUICK_END_SECONDS)  # backoff, not synchronisation
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep watching, whatever went wrong

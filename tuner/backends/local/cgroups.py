@@ -12,7 +12,10 @@ same totals as the attempt's pods on Kubernetes) plus a process cap
 its attempt fails saying so (:meth:`AttemptGroup.oom_killed`).
 
 Where: cgroup v2 when a v2 hierarchy offers the ``memory``, ``cpu`` and ``pids``
-controllers, else the v1 hierarchies of those controllers. The tuner makes a parent of its
+controllers, else the v1 hierarchies of those controllers (:func:`open_hierarchy`, the one
+place that chooses; each version is one module behind the same base classes:
+:mod:`~tuner.backends.local.cgroups_v1`, :mod:`~tuner.backends.local.cgroups_v2`,
+:mod:`~tuner.backends.local.cgroups_base`). The tuner makes a parent of its
 own, ``tunehub-<pid>-<start>-<random>``, below its own cgroup in each hierarchy (so whatever
 bounds the tuner bounds its trials too; on v2, whose controllers reach only the children of a group
 without processes, below the hierarchy's root when its own group has them), one group per
@@ -27,191 +30,43 @@ once in its log and keeps killing process groups.
 
 from __future__ import annotations
 
-import abc
 import errno
 import os
 import secrets
-import signal
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from tunehub_base.options import setting
 from tunehub_base.process_identity import ProcessIdentity
+from tuner.backends.local.cgroups_base import (
+    CONTROLLERS,
+    AttemptGroup,
+    Bounds,
+    Hierarchy,
+    read,
+    rmdir,
+)
+from tuner.backends.local.cgroups_v1 import V1Group, V1Hierarchy
+from tuner.backends.local.cgroups_v2 import V2Hierarchy, enable_controllers, offers_controllers
 
-CONTROLLERS = ("memory", "cpu", "pids")
-CPU_PERIOD_US = 100_000
-MIN_CPU_QUOTA_US = 1_000  # the kernel's floor for cfs_quota_us
-KILL_DEADLINE_SECONDS = 10.0  # a group that will not empty in this long is left, and logged
+__all__ = ["AttemptGroup", "Bounds", "Hierarchy", "bounds_for", "open_hierarchy"]
+
 ATTEMPT_PIDS = setting("TUNEHUB_ATTEMPT_PIDS")
+MOUNTINFO = Path("/proc/self/mountinfo")
+OWN_CGROUPS = Path("/proc/self/cgroup")
 
 
-@dataclass(frozen=True)
-class Bounds:
-    """What one attempt may use, all its workers together."""
-
-    memory: int  # bytes
-    cpu: float  # cores
-    pids: int  # processes and threads
-
-
-class AttemptGroup(abc.ABC):
-    """The cgroup(s) of one attempt: one directory per hierarchy (one on v2, one per
-    controller on v1), each made by root and bounded by :class:`Bounds`."""
-
-    def __init__(self, dirs: list[Path]) -> None:
-        self.dirs = dirs
-
-    def place(self, pid: int) -> None:
-        """Move ``pid`` (0: the calling process) into the group, in every hierarchy. Raises
-        OSError if it cannot: the caller must then not let that process run the trial."""
-        data = str(pid).encode()
-        for d in self.dirs:
-            fd = os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-
-    def pids(self) -> set[int]:
-        """Every process in the group now."""
-        found: set[int] = set()
-        for d in self.dirs:
-            try:
-                text = (d / "cgroup.procs").read_text()
-            except FileNotFoundError:
-                continue
-            found.update(int(p) for p in text.split())
-        return found
-
-    def kill(self) -> bool:
-        """SIGKILL every process in the group, again and again until none is left (what
-        forks meanwhile is in the group too); True once it is empty."""
-        deadline = time.monotonic() + KILL_DEADLINE_SECONDS
-        while True:
-            alive = self.pids()
-            if not alive:
-                return True
-            if time.monotonic() > deadline:
-                return False
-            for pid in alive:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.005)  # the kernel's exit work for what was just killed, then again
-
-    def remove(self) -> None:
-        """Remove the (empty) group; a group the kernel still counts busy is retried briefly
-        (killed processes leave it as their exit completes)."""
-        for d in self.dirs:
-            _rmdir(d)
-
-    def close(self) -> bool:
-        """Kill everything in the group, then remove it; False if something would not die."""
-        emptied = self.kill()
-        if emptied:
-            self.remove()
-        return emptied
-
-    @abc.abstractmethod
-    def oom_killed(self) -> bool:
-        """Whether the kernel killed a process of the group for exceeding its memory."""
-
-
-class _V1Group(AttemptGroup):
-    def __init__(self, dirs: dict[str, Path]) -> None:
-        super().__init__(list(dirs.values()))
-        self.by_controller = dirs
-
-    def oom_killed(self) -> bool:
-        return _counter(self.by_controller["memory"] / "memory.oom_control", "oom_kill") > 0
-
-
-class _V2Group(AttemptGroup):
-    def kill(self) -> bool:
-        try:
-            (self.dirs[0] / "cgroup.kill").write_text("1")
-        except OSError:
-            pass  # before Linux 5.14: pid by pid
-        return super().kill()
-
-    def oom_killed(self) -> bool:
-        return _counter(self.dirs[0] / "memory.events", "oom_kill") > 0
-
-
-class Hierarchy(abc.ABC):
-    """Where attempt groups are made: the tuner's parent group in each hierarchy."""
-
-    version: int
-
-    def __init__(self, parents: list[Path]) -> None:
-        self.parents = parents
-
-    @abc.abstractmethod
-    def create(self, name: str, bounds: Bounds) -> AttemptGroup:
-        """A new group ``name`` under the parent with ``bounds`` set (OSError if it cannot)."""
-
-    def close(self) -> None:
-        """Remove the parent (the backend kills and removes its groups first)."""
-        for parent in self.parents:
-            _rmdir(parent)
-
-
-class _V1(Hierarchy):
-    version = 1
-
-    def __init__(self, parents: dict[str, Path]) -> None:
-        super().__init__(list(parents.values()))
-        self.by_controller = parents
-
-    def create(self, name: str, bounds: Bounds) -> AttemptGroup:
-        dirs = {c: p / name for c, p in self.by_controller.items()}
-        group = _V1Group(dirs)
-        try:
-            for d in dirs.values():
-                d.mkdir(mode=0o755)
-            mem = dirs["memory"]
-            _write(mem / "memory.limit_in_bytes", bounds.memory)
-            if (mem / "memory.memsw.limit_in_bytes").exists():  # swap counts: no way around
-                _write(mem / "memory.memsw.limit_in_bytes", bounds.memory)
-            _write(dirs["cpu"] / "cpu.cfs_period_us", CPU_PERIOD_US)
-            _write(dirs["cpu"] / "cpu.cfs_quota_us", _quota(bounds.cpu))
-            _write(dirs["pids"] / "pids.max", bounds.pids)
-        except OSError:
-            group.remove()
-            raise
-        return group
-
-
-class _V2(Hierarchy):
-    version = 2
-
-    def create(self, name: str, bounds: Bounds) -> AttemptGroup:
-        d = self.parents[0] / name
-        group = _V2Group([d])
-        try:
-            d.mkdir(mode=0o755)
-            _write(d / "memory.max", bounds.memory)
-            if (d / "memory.swap.max").exists():
-                _write(d / "memory.swap.max", 0)
-            (d / "cpu.max").write_text(f"{_quota(bounds.cpu)} {CPU_PERIOD_US}")
-            _write(d / "pids.max", bounds.pids)
-        except OSError:
-            group.remove()
-            raise
-        return group
-
-
-def open_hierarchy() -> tuple[Hierarchy | None, str]:
+def open_hierarchy(mountinfo: Path = MOUNTINFO, own_cgroups: Path = OWN_CGROUPS,
+                   ) -> tuple[Hierarchy | None, str]:
     """The hierarchy attempts get their groups in, and a line for the log saying which (or,
-    with None, why there is none)."""
-    mounts = _cgroup_mounts()
-    own = _own_cgroups()
+    with None, why there is none). The rule: v2 where a v2 hierarchy offers every one of
+    :data:`CONTROLLERS` and its groups can be made, else v1. (``mountinfo`` and
+    ``own_cgroups`` are this process's; a test gives stand-ins describing another machine.)"""
+    mounts = _cgroup_mounts(mountinfo)
+    own = _own_cgroups(own_cgroups)
     name = f"tunehub-{_owner_part()}-{secrets.token_hex(4)}"
     problems: list[str] = []
     for mount_root, point in mounts.get("cgroup2", []):
-        available = _read(point / "cgroup.controllers").split()
+        available = offers_controllers(point)
         if not set(CONTROLLERS) <= set(available):
             problems.append(f"cgroup v2 at {point} offers {' '.join(available) or 'none'} of "
                             f"{', '.join(CONTROLLERS)}")
@@ -222,14 +77,14 @@ def open_hierarchy() -> tuple[Hierarchy | None, str]:
             _clear_stale(base)
             parent = base / name
             try:
-                _enable_v2(base)
+                enable_controllers(base)
                 parent.mkdir(mode=0o755)
-                _enable_v2(parent)
+                enable_controllers(parent)
             except OSError as exc:
-                _rmdir(parent)
+                rmdir(parent)
                 problems.append(f"cgroup v2 at {base}: {exc.strerror or exc}")
                 continue
-            return _V2([parent]), f"cgroup v2 at {parent}"
+            return V2Hierarchy([parent]), f"cgroup v2 at {parent}"
     parents: dict[str, Path] = {}
     try:
         for controller in CONTROLLERS:
@@ -244,10 +99,10 @@ def open_hierarchy() -> tuple[Hierarchy | None, str]:
             parents[controller] = parent
     except OSError as exc:
         for parent in parents.values():
-            _rmdir(parent)
+            rmdir(parent)
         problems.append(f"cgroup v1: {exc.strerror or exc}")
         return None, "; ".join(problems)
-    return _V1(parents), "cgroup v1 at " + ", ".join(str(p) for p in parents.values())
+    return V1Hierarchy(parents), "cgroup v1 at " + ", ".join(str(p) for p in parents.values())
 
 
 def bounds_for(memory: int, cpu: float, workers: int) -> Bounds:
@@ -297,15 +152,15 @@ def _clear_stale(base: Path) -> None:
         if alive is not False:
             continue
         for group in [d for d in parent.iterdir() if d.is_dir()]:
-            _V1Group({"any": group}).close()
-        _rmdir(parent)
+            V1Group({"any": group}).close()  # pid by pid: right for either version
+        rmdir(parent)
 
 
-def _cgroup_mounts() -> dict[str, list[tuple[str, Path]]]:
+def _cgroup_mounts(mountinfo: Path = MOUNTINFO) -> dict[str, list[tuple[str, Path]]]:
     """Mounted cgroup hierarchies from ``/proc/self/mountinfo``: for v1 by controller, for v2
     under ``cgroup2``; each as (the hierarchy's path mounted there, mount point)."""
     found: dict[str, list[tuple[str, Path]]] = {}
-    for line in _read(Path("/proc/self/mountinfo")).splitlines():
+    for line in read(mountinfo).splitlines():
         left, _, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if len(fields) < 5 or len(tail) < 3:
@@ -320,10 +175,10 @@ def _cgroup_mounts() -> dict[str, list[tuple[str, Path]]]:
     return found
 
 
-def _own_cgroups() -> dict[str, str]:
+def _own_cgroups(own_cgroups: Path = OWN_CGROUPS) -> dict[str, str]:
     """This process's cgroup path per v1 controller, and under ``""`` on v2."""
     own: dict[str, str] = {}
-    for line in _read(Path("/proc/self/cgroup")).splitlines():
+    for line in read(own_cgroups).splitlines():
         _, controllers, path = line.split(":", 2)
         for controller in controllers.split(",") if controllers else [""]:
             own[controller] = path
@@ -336,46 +191,3 @@ def _below(path: str, mount_root: str) -> str:
     if mount_root != "/" and path.startswith(mount_root):
         path = path[len(mount_root):]
     return path.lstrip("/")
-
-
-def _enable_v2(d: Path) -> None:
-    """Let ``d``'s children have the controllers (v2 delegates them level by level)."""
-    (d / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in CONTROLLERS))
-
-
-def _quota(cpu: float) -> int:
-    return max(MIN_CPU_QUOTA_US, int(cpu * CPU_PERIOD_US))
-
-
-def _write(path: Path, value: int) -> None:
-    path.write_text(str(value))
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def _counter(path: Path, key: str) -> int:
-    """A ``key value`` line's value in a cgroup's statistics file (0 when absent)."""
-    for line in _read(path).splitlines():
-        name, _, value = line.partition(" ")
-        if name == key and value.strip().isdigit():
-            return int(value)
-    return 0
-
-
-def _rmdir(d: Path) -> None:
-    deadline = time.monotonic() + 2.0
-    while True:
-        try:
-            d.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                return
-            time.sleep(0.01)  # the last killed processes are still leaving the group

@@ -16,12 +16,17 @@ How one is made (:meth:`Islands.open`):
   island: only the person's own ids are mapped. Cold starts join as root before dropping to
   the person. Another person's process can open the namespace files but the kernel refuses
   them ``setns`` (they hold no capability in a namespace they do not own).
-- root brings ``lo`` up inside and, for egress, a veth pair: one end in the island, one on the
-  host, a /30 of ``TUNEHUB_ISLAND_NETWORK`` between them, source NAT (nftables
-  ``masquerade``) out of the machine's other interfaces. Nothing may open a connection *into*
-  an island over its link (another island, a process of the machine, the network): only
-  answers to the island's own connections pass. The host end has strict reverse-path
-  filtering, so an island cannot pretend to be another address.
+- root brings ``lo`` up inside (``127.0.0.1`` and ``::1``: both exist only in the island) and,
+  for egress, a veth pair: one end in the island, one on the host, a /30 of
+  ``TUNEHUB_ISLAND_NETWORK`` between them, source NAT (nftables ``masquerade``) out of the
+  machine's other interfaces. Where the machine has an IPv6 default route, the link also gets a
+  /64 of ``TUNEHUB_ISLAND_NETWORK6`` and the island an IPv6 default route, masqueraded the same
+  way (the machine's IPv6 forwarding is turned on, and its uplinks that take router
+  advertisements keep taking them: ``accept_ra`` 2). Nothing may open a connection *into* an
+  island over its link (another island, a process of the machine, the network), over IPv4 or
+  IPv6: only answers to the island's own connections pass. Traffic from an island must come
+  from an address routed back over its own link (reverse-path check: ``rp_filter`` for IPv4,
+  an nftables ``fib`` rule for both), so an island cannot pretend to be another address.
 - the report route comes in as a Unix socket in a directory only root and the person's private
   group can pass (``/run/tunehub-islands/<attempt>/report.sock``): the tuner accepts there and
   forwards each connection, byte for byte, to its own API address (TLS, if the API is HTTPS,
@@ -32,8 +37,10 @@ holder exits and the host's veth end is deleted; the namespace dies with the las
 attempt's processes (they are killed when it ends).
 
 Without egress (the setting off, or no ``nft`` on the machine) an island has only ``lo``: its
-processes reach each other, the data store (a filesystem) and the tuner (the socket), nothing
-else over the network.
+processes reach each other (over ``127.0.0.1`` or ``::1``), the data store (a filesystem) and
+the tuner (the socket), nothing else over the network. Without an IPv6 default route on the
+machine, its egress is IPv4 only (its ``eth0`` has a link-local IPv6 address, which nothing
+outside may connect to).
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ HOST_IF_PREFIX = "thv"  # the host end of an island's veth pair: thv + 10 hex di
 ENV_ISLANDS = setting("TUNEHUB_NETWORK_ISLANDS")
 ENV_EGRESS = setting("TUNEHUB_ISLAND_EGRESS")
 ENV_NETWORK = setting("TUNEHUB_ISLAND_NETWORK")
+ENV_NETWORK6 = setting("TUNEHUB_ISLAND_NETWORK6")
 
 # Runs as the person (util-linux ``unshare``): new user + network namespaces, only its own uid and
 # gid mapped (``setgroups`` denied), then says so and waits for its standard input to close (the
@@ -146,11 +154,13 @@ class Islands:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.network = island_network(ENV_NETWORK.text())
+        self.network6 = island_network6(ENV_NETWORK6.text())
         want_egress = _on(ENV_EGRESS.text())
         self.egress = want_egress and shutil.which("nft") is not None
         if want_egress and not self.egress:
             log.warning("no nft on this machine: attempts' islands have no egress "
                         "(make nftables installs it)")
+        self.egress6 = self.egress and has_ipv6_default_route()
         remove_stale()
 
     def _name(self, trial_id: int, attempt: int) -> str:
@@ -210,31 +220,20 @@ class Islands:
                         "netns", netns], pass_fds=(island.net_fd,))
             island.host_if = host_if
             await _ip("link", "set", host_if, "up")
-            subnet = await self._claim_subnet(island.name, host_if)
-            host, inner = list(subnet.hosts())[:2]
+            subnet = await _claim(self.network, 30, island.name, host_if)
+            host, inner = subnet[1], subnet[2]
             await _ip("addr", "add", f"{host}/32", "dev", host_if)
             Path(f"/proc/sys/net/ipv4/conf/{host_if}/rp_filter").write_text("1")
             inside += [f"addr add {inner}/{subnet.prefixlen} dev eth0", "link set eth0 up",
                        f"route add default via {host}"]
+            if self.egress6:
+                subnet6 = await _claim(self.network6, 64, island.name, host_if)
+                host6, inner6 = subnet6[1], subnet6[2]
+                await _ip("-6", "addr", "add", f"{host6}/128", "dev", host_if, "nodad")
+                inside += [f"addr add {inner6}/64 dev eth0 nodad",
+                           f"route add ::/0 via {host6} dev eth0"]
         await _run(["nsenter", f"--net={netns}", "ip", "-batch", "-"],
                    "\n".join(inside) + "\n", pass_fds=(island.net_fd,))
-
-    async def _claim_subnet(self, name: str, host_if: str) -> ipaddress.IPv4Network:
-        """A /30 of :data:`network` no other island holds: the route to it is the claim
-        (the kernel refuses a second identical route), starting where the name hashes to."""
-        subnets = 1 << (30 - self.network.prefixlen)
-        start = int(hashlib.sha256(name.encode()).hexdigest(), 16) % subnets
-        base = int(self.network.network_address)
-        for step in range(64):
-            subnet = ipaddress.IPv4Network(
-                (base + ((start + step) % subnets) * 4, 30))
-            try:
-                await _ip("route", "add", str(subnet), "dev", host_if)
-                return subnet
-            except OSError as exc:
-                if "File exists" not in str(exc):
-                    raise
-        raise OSError(f"no free /30 in {self.network} for the island's link")
 
     async def _ensure_egress(self) -> None:
         """Forwarding on, and the one nftables table of all islands: masquerade out of the
@@ -243,7 +242,11 @@ class Islands:
         is never there twice, and a firewall reload that dropped it is undone by the next
         attempt at the latest."""
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
+        if self.egress6:
+            _forward_ipv6()
         net = str(self.network)
+        masquerade6 = (f'    ip6 saddr {self.network6} oifname != "{HOST_IF_PREFIX}*" masquerade\n'
+                       if self.egress6 else "")
         rules = (
             f"table inet {NFT_TABLE} {{}}\n"
             f"delete table inet {NFT_TABLE}\n"
@@ -254,27 +257,107 @@ class Islands:
             "  chain forward { type filter hook forward priority filter; policy accept;\n"
             f'    oifname "{HOST_IF_PREFIX}*" ct state != {{ established, related }} drop\n'
             "  }\n"
+            # The machine's own neighbour discovery on the link (IPv6's ARP, which conntrack
+            # does not track) passes: without it the island cannot resolve its gateway.
             "  chain output { type filter hook output priority filter; policy accept;\n"
+            f'    oifname "{HOST_IF_PREFIX}*" icmpv6 type '
+            "{ nd-neighbor-solicit, nd-neighbor-advert } accept\n"
             f'    oifname "{HOST_IF_PREFIX}*" ct state != {{ established, related }} drop\n'
+            "  }\n"
+            # Out of an island only from an address routed back over its own link (IPv6 has no
+            # rp_filter; this is its nftables form, for both families).
+            "  chain prerouting { type filter hook prerouting priority raw; policy accept;\n"
+            f'    iifname "{HOST_IF_PREFIX}*" fib saddr . iif oif missing drop\n'
             "  }\n"
             "  chain postrouting { type nat hook postrouting priority srcnat; policy accept;\n"
             f'    ip saddr {net} oifname != "{HOST_IF_PREFIX}*" masquerade\n'
+            f"{masquerade6}"
             "  }\n"
             "}\n"
         )
         await _run(["nft", "-f", "-"], rules)
 
 
+async def _claim(network: ipaddress.IPv4Network | ipaddress.IPv6Network, prefixlen: int,
+                 name: str, host_if: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A ``/prefixlen`` of ``network`` no other island holds: the route to it over ``host_if``
+    is the claim (the kernel refuses a second identical route), starting where the island's
+    name hashes to."""
+    subnets = 1 << (prefixlen - network.prefixlen)
+    size = 1 << (network.max_prefixlen - prefixlen)
+    start = int(hashlib.sha256(name.encode()).hexdigest(), 16) % subnets
+    base = int(network.network_address)
+    for step in range(64):
+        subnet = ipaddress.ip_network((base + ((start + step) % subnets) * size, prefixlen))
+        try:
+            await _ip(f"-{subnet.version}", "route", "add", str(subnet), "dev", host_if)
+            return subnet
+        except OSError as exc:
+            if "File exists" not in str(exc):
+                raise
+    raise OSError(f"no free /{prefixlen} in {network} for the island's link")
+
+
 def island_network(text: str) -> ipaddress.IPv4Network:
     """``TUNEHUB_ISLAND_NETWORK`` read: an IPv4 network with room for at least one /30."""
-    try:
-        network = ipaddress.IPv4Network(text)
-    except ValueError as exc:
-        raise ValueError(f"{ENV_NETWORK.env}: expected an IPv4 network such as "
-                         f"100.64.0.0/10, got {text!r} ({exc})") from None
-    if network.prefixlen > 30:
-        raise ValueError(f"{ENV_NETWORK.env}: {text} has no room for a /30 per island")
+    network = _network(ENV_NETWORK.env, text, 4, 30, "100.64.0.0/10")
+    assert isinstance(network, ipaddress.IPv4Network)
     return network
+
+
+def island_network6(text: str) -> ipaddress.IPv6Network:
+    """``TUNEHUB_ISLAND_NETWORK6`` read: an IPv6 network with room for at least one /64."""
+    network = _network(ENV_NETWORK6.env, text, 6, 64, "fd74:6e68:7562::/48")
+    assert isinstance(network, ipaddress.IPv6Network)
+    return network
+
+
+def _network(env: str, text: str, version: int, per_island: int, example: str,
+             ) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """``text`` as an IPv``version`` network with room for a ``/per_island``; a ValueError
+    naming the setting ``env`` otherwise."""
+    try:
+        network = ipaddress.ip_network(text)
+        if network.version != version:
+            raise ValueError(f"not an IPv{version} network")
+    except ValueError as exc:
+        raise ValueError(f"{env}: expected an IPv{version} network such as {example}, got "
+                         f"{text!r} ({exc})") from None
+    if network.prefixlen > per_island:
+        raise ValueError(f"{env}: {text} has no room for a /{per_island} per island")
+    return network
+
+
+def has_ipv6_default_route() -> bool:
+    """Whether the machine routes IPv6 anywhere (``/proc/net/ipv6_route`` has a ``::/0``
+    route through a device other than ``lo``): only then do islands get IPv6 egress."""
+    try:
+        lines = Path("/proc/net/ipv6_route").read_text().splitlines()
+    except OSError:  # no IPv6 in this kernel
+        return False
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 10 and fields[0] == "0" * 32 and fields[1] == "00" \
+                and fields[9] != "lo":
+            return True
+    return False
+
+
+def _forward_ipv6() -> None:
+    """IPv6 forwarding on. With it on, the kernel ignores router advertisements on interfaces
+    whose ``accept_ra`` is 1, and a machine that learnt its IPv6 route from them would lose
+    it when that expires: those interfaces are set to 2 (take them even when forwarding)."""
+    conf = Path("/proc/sys/net/ipv6/conf")
+    for interface in os.listdir(conf):
+        if interface in ("all", "default", "lo") or interface.startswith(HOST_IF_PREFIX):
+            continue
+        accept_ra = conf / interface / "accept_ra"
+        with contextlib.suppress(OSError):
+            if accept_ra.read_text().strip() == "1":
+                accept_ra.write_text("2")
+                log.info("IPv6 forwarding for the islands: %s keeps taking router "
+                         "advertisements (accept_ra 2)", interface)
+    (conf / "all" / "forwarding").write_text("1")
 
 
 def _as_person(owner: unix_users.UnixUser) -> Callable[[], None]:

@@ -26,7 +26,7 @@ import os
 import stat
 from pathlib import Path
 
-from tunehub_base.unix_users import UnixUser, privilege_dropper
+from tunehub_base.unix_users import UnixUser, answer_as, privilege_dropper
 from tuner.backends._base import Ignore
 from tuner.snapshot import CODE_SNAPSHOT_LIMIT, CodeSource, copy_snapshot
 from tuner.spec import SpecError
@@ -115,37 +115,20 @@ def snapshot_as(
     _set_dir(target.parent, 0, 0, 0o711)
     os.mkdir(target, 0o700)
     os.chown(target, user.uid, user.gid)
-    drop = privilege_dropper(user)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 1
-        try:
-            os.close(read_end)
-            drop()
-            if source is not None:
-                copy_snapshot(source, target, ignore, CODE_SNAPSHOT_LIMIT)
-            for name, data in files.items():
-                (target / name).write_bytes(data)
-            code = 0
-        except SpecError as exc:  # the code refused (a link on the way, too big, ...)
-            code = 2
-            os.write(write_end, exc.message.encode()[:4000])
-        except BaseException as exc:  # reported to the parent, which raises it
-            message = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            where = getattr(exc, "filename", None)
-            os.write(write_end, f"{message}{f': {where}' if where else ''}".encode()[:4000])
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        error = pipe.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
-    exit_code = os.waitstatus_to_exitcode(status)
-    if exit_code == 2 and error:
-        raise SpecError("code", error)
-    if exit_code != 0:
-        raise PermissionError(error or f"copying the code as {user.login} failed")
+
+    def copy() -> bytes:
+        if source is not None:
+            copy_snapshot(source, target, ignore, CODE_SNAPSHOT_LIMIT)
+        for name, data in files.items():
+            (target / name).write_bytes(data)
+        return b""
+
+    answer = answer_as(privilege_dropper(user), copy)
+    if answer.error == SpecError.__name__:  # the code refused (a link on the way, too big, ...)
+        raise SpecError("code", answer.data.decode(errors="replace"))
+    if not answer.ok:
+        raise PermissionError(answer.data.decode(errors="replace")
+                              or f"copying the code as {user.login} failed")
 
 
 def _set_dir(path: Path, uid: int, gid: int, mode: int) -> None:
