@@ -51,6 +51,9 @@ from tuner.spec import Resources, SweepSpec
 log = logging.getLogger("tunehub.backends.kubernetes")
 
 START_TIMEOUT = 60.0
+#: Seconds a Job Kueue suspended waits for its Workload's Evicted condition (the reason)
+#: before its attempt ends preempted without it.
+EVICTION_WAIT = 30.0
 #: The Job controller's Events for pods it cannot create (quota, Pod Security, ...).
 FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
 #: Refusals of a trial's pod that no waiting fixes (the pod spec itself is at fault): the
@@ -72,6 +75,7 @@ class _Attempt:
     workload: dict[str, Any] | None = None  # its Kueue Workload, as last watched
     evicted: str | None = None  # Kueue evicted it (the Workload's message): it is preempted
     last_job: dict[str, Any] | None = None  # its Job, as last watched
+    eviction_wait: asyncio.TimerHandle | None = None  # suspended: Kueue's word awaited
     pods: set[str] = field(default_factory=set)
     unschedulable: asyncio.TimerHandle | None = None
 
@@ -171,8 +175,9 @@ class KubernetesBackend(Backend):
         await asyncio.gather(*self._watches, *self._tasks, return_exceptions=True)
         self._watches.clear()
         for att in self._attempts.values():
-            if att.unschedulable is not None:
-                att.unschedulable.cancel()
+            for timer in (att.unschedulable, att.eviction_wait):
+                if timer is not None:
+                    timer.cancel()
         if self.kube is not None:
             await self.kube.close()
             self.kube = None
@@ -277,6 +282,8 @@ class KubernetesBackend(Backend):
         att.done = True
         if att.unschedulable is not None:
             att.unschedulable.cancel()
+        if att.eviction_wait is not None:
+            att.eviction_wait.cancel()
         if kind == EventKind.SUCCEEDED or att.stop_reason is None:
             try:
                 await save_log(self._api(), att.job, m.selector(self.settings), att.pods,
@@ -347,16 +354,27 @@ class KubernetesBackend(Backend):
 
     # --- Kueue ---------------------------------------------------------------------------
 
-    async def _on_evicted(self, att: _Attempt, job: dict[str, Any]) -> None:
+    async def _on_evicted(self, att: _Attempt, job: dict[str, Any], late: bool = False
+                          ) -> None:
         """Kueue suspended the running Job again (evicted: a higher-priority workload or
         a notebook took its quota). Once its pods are gone (SIGTERM, the grace period: the
         trial saves a checkpoint), the Job is deleted so that Kueue does not run this attempt
         again beside the next one, and the attempt ends ``preempted``: the trial goes back
         to the queue with its number and parameters, not failed, no retry used."""
         status = job.get("status") or {}
-        if status.get("active") or status.get("terminating"):
+        if att.done or status.get("active") or status.get("terminating"):
             return  # its pods are still stopping
         why = att.evicted or (kueue.eviction(att.workload) if att.workload else None)
+        if why is None and not late and self.settings.queue:
+            # Kueue's word (the Workload's Evicted condition) is on another watch and may
+            # come after the Job's: wait for it (_on_workload), not longer than this.
+            if att.eviction_wait is None:
+                att.eviction_wait = asyncio.get_running_loop().call_later(
+                    EVICTION_WAIT, lambda: self._in_task(
+                        self._on_evicted(att, att.last_job or job, late=True)))
+            return
+        if att.eviction_wait is not None:
+            att.eviction_wait.cancel()
         reason = (f"preempted: Kueue evicted it ({why or 'its Job was suspended'}); it "
                   "resumes from its last checkpoint")
         att.stop_reason = reason  # its pods are gone: no log to read
@@ -483,6 +501,11 @@ class KubernetesBackend(Backend):
                 timeout, self._unschedulable_expired, att,
                 f"{problem.reason} (waited {timeout:g}s)",
             )
+
+    def _in_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _unschedulable_expired(self, att: _Attempt, reason: str) -> None:
         task = asyncio.get_running_loop().create_task(self._stop(att, reason))
