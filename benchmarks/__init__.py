@@ -19,6 +19,8 @@ def all_benchmarks() -> list[Benchmark]:
     from benchmarks.pool import PoolBenchmark
     from benchmarks.resume import ResumeBenchmark
     from benchmarks.scale import ScaleBenchmark
+    from benchmarks.search import SearchBenchmark
+    from benchmarks.serving_cost import ServingCostBenchmark
     from benchmarks.start_latency import StartLatencyBenchmark
     from benchmarks.tpe_view import TpeViewBenchmark
     from benchmarks.warm_imports import WarmImportsBenchmark
@@ -29,12 +31,14 @@ def all_benchmarks() -> list[Benchmark]:
         ResumeBenchmark(),
         TpeViewBenchmark(),
         DigitsBenchmark(),
+        SearchBenchmark(),
         StartLatencyBenchmark(),
         WarmImportsBenchmark(),
         KubernetesBenchmark(),
         HubBenchmark(),
         PoolBenchmark(),
         FaultsBenchmark(),
+        ServingCostBenchmark(),
     ]
 
 

@@ -25,6 +25,9 @@ def write_sweep(directory: Path, script: str, **spec: Any) -> Path:
         "metric": "score",
         "trials": 4,
         "parallelism": 2,
+        # Tests of other features count every trial; the default pruner (README, "Search
+        # defaults") is tested on its own.
+        "pruner": "none",
         "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
     }
     data.update(spec)

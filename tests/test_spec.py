@@ -64,7 +64,8 @@ def test_the_declaration_drives_fields_defaults_and_to_dict() -> None:
     with pytest.raises(SpecError) as err:
         SweepSpec.from_dict(spec(colour="red"))
     assert err.value.message == f"unknown field; expected one of {', '.join(sorted(declared))}"
-    with pytest.raises(SpecError, match="promote.x: unknown field; expected one of model, policy"):
+    with pytest.raises(SpecError, match="promote.x: unknown field; expected one of "
+                                        "constraints, model, policy, stage"):
         SweepSpec.from_dict(spec(promote={"model": "m", "x": 1}))
     assert SweepSpec.from_dict(spec(promote={"model": "m"})).promote == Promote("m")
 

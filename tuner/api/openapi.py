@@ -138,6 +138,8 @@ SCHEMAS: dict[str, Any] = {
         "reason": _nullable("string"),
         "last_step": _nullable("integer"),
         "has_model": {"type": "boolean"},
+        # Every metric of its final report and the serving figures tunehub measured.
+        "metrics": _nullable("object"),
         "started_at": _TIME,
         "finished_at": _TIME,
         "duration_seconds": _nullable("number"),
@@ -177,6 +179,9 @@ SCHEMAS: dict[str, Any] = {
         "params": {"type": "object"},
         "code_location": _nullable("string"),
         "data_path": _nullable("string"),
+        "metrics": _nullable("object"),
+        "history": {"type": "array", "items": {"type": "object"}},
+        "code_digest": _nullable("string"),
         "created_at": _TIME,
         "promoted_at": _TIME,
     }),
@@ -186,9 +191,11 @@ SCHEMAS: dict[str, Any] = {
     },
     "Report": {
         "type": "object",
-        "required": ["value"],
+        "description": "value, or metrics (a final report of several metrics)",
         "properties": {
             "value": {"type": "number"},
+            "metrics": {"type": "object", "additionalProperties": {"type": "number"},
+                        "minProperties": 1, "maxProperties": 32},
             "step": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
             "attempt": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
             "last": {

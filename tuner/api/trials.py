@@ -15,6 +15,10 @@ from tunehub_base.gpu_usage import GpuReading
 from tuner.api.base import MAX_ID, ApiError, JsonHandler, parse_id
 from tuner.errors import NotFound, Unauthorized
 from tuner.scheduling.host import SweepHost
+from tuner.scheduling.objectives import BadReport
+
+#: At most this many metrics in one report, each name at most this long.
+MAX_METRICS, MAX_METRIC_NAME = 32, 128
 
 
 def refused() -> ApiError:
@@ -36,6 +40,24 @@ def _finite(value: Any) -> float | None:
 def _small_int(value: Any, minimum: int) -> bool:
     return (not isinstance(value, bool) and isinstance(value, int)
             and minimum <= value <= MAX_ID)
+
+
+def _metrics(raw: Any) -> dict[str, float] | None:
+    """A final report's ``metrics`` ({name: finite number}), or None when absent."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not raw or len(raw) > MAX_METRICS:
+        raise ApiError(400, f"metrics: expected an object of 1 to {MAX_METRICS} metric names and "
+                            "numbers", "metrics")
+    out: dict[str, float] = {}
+    for name, value in raw.items():
+        number = _finite(value)
+        if not name or len(name) > MAX_METRIC_NAME or number is None:
+            raise ApiError(400, f"metrics.{name:.{MAX_METRIC_NAME}}: expected a name of at most "
+                                f"{MAX_METRIC_NAME} characters and a finite number, got "
+                                f"{value!r:.80}", f"metrics.{name:.{MAX_METRIC_NAME}}")
+        out[name] = number
+    return out
 
 
 class TrialTokenHandler(JsonHandler):
@@ -63,7 +85,10 @@ class ReportHandler(TrialTokenHandler):
     def post(self, trial_id: str) -> None:
         token = self.token()
         body = self.json_body()
+        metrics = _metrics(body.get("metrics"))
         value = _finite(body.get("value"))
+        if metrics is not None and value is None:
+            value = 0.0  # the primary metric is taken from ``metrics`` by the controller
         if value is None:
             raise ApiError(
                 400, f"value: expected a finite number, got {body.get('value')!r:.80}", "value"
@@ -78,9 +103,12 @@ class ReportHandler(TrialTokenHandler):
             raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
         try:
             tid = parse_id(trial_id, "")
-            prune = self.engine.report(tid, token, attempt, value, step, last=last)
+            prune = self.engine.report(tid, token, attempt, value, step, last=last,
+                                       metrics=metrics)
         except (NotFound, Unauthorized):
             raise refused() from None
+        except BadReport as exc:
+            raise ApiError(400, str(exc), exc.field) from None
         self.send({"prune": prune})
 
 

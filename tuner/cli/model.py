@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 
 from rich.table import Table
 
@@ -40,6 +41,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("name")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8501)
+    serve.add_argument("--canary-share", type=_share, default=None, metavar="FRACTION",
+                       help="release the canary gradually: this share of the production "
+                            "route's requests goes to it (e.g. 0.1)")
+    serve.add_argument("--canary-requests", type=_version, default=100, metavar="N",
+                       help="clean canary answers after which it takes production (100)")
+    serve.add_argument("--canary-errors", type=int, default=0, metavar="N",
+                       help="canary errors tolerated; one more rolls it back (0)")
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -47,6 +55,16 @@ def _version(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"version must be a positive number, got {text!r}")
     return int(text)
+
+
+def _share(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return share
 
 
 def registry() -> Registry:
@@ -83,17 +101,27 @@ def cmd_show(args: argparse.Namespace) -> int:
         print_json(views)
         return 0
     table = Table(title=f"Model {args.name}")
-    for col in ("version", "stage", "metric", "sweep", "trial", "params", "created"):
+    for col in ("version", "stage", "metric", "serving", "sweep", "trial", "params", "created"):
         table.add_column(col)
     for v in views:
         value = "-" if v["metric_value"] is None else f"{v['metric']}={v['metric_value']:.4g}"
         params = ", ".join(f"{k}={_short(x)}" for k, x in v["params"].items())
-        table.add_row(str(v["version"]), v["stage"] or "-", value, str(v["sweep_id"] or "-"),
+        table.add_row(str(v["version"]), v["stage"] or "-", value, _serving(v["metrics"]),
+                      str(v["sweep_id"] or "-"),
                       str(v["trial_number"] if v["trial_number"] is not None else "-"), params,
                       (v["created_at"] or "")[:19])
     console.print(table)
     console.print(f"stored under {context.settings().registry / args.name}")
     return 0
+
+
+def _serving(metrics: dict[str, float] | None) -> str:
+    """The serving figures tunehub measured of a version (README: promotion under a budget)."""
+    m = metrics or {}
+    if "serving_latency_p95_ms" not in m:
+        return "-"
+    return (f"p95 {m['serving_latency_p95_ms']:.3g} ms, "
+            f"{m.get('model_size_mb', float('nan')):.3g} MB")
 
 
 def _short(value: object) -> str:
@@ -120,8 +148,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"serving {args.name} (production; labels stable/canary) on "
         f"http://{args.host}:{args.port}/v1/models/{args.name}:predict  (Ctrl-C stops)"
     )
+    canary = None
+    if args.canary_share is not None:
+        from tuner.serving.canary import CanaryPolicy
+
+        canary = CanaryPolicy(args.canary_share, args.canary_requests,
+                              max(0, args.canary_errors))
+        console.print(f"canary release: {args.canary_share:g} of requests to the canary, "
+                      f"production after {args.canary_requests} clean answers")
     try:
-        asyncio.run(serve(reg, args.name, args.host, args.port))
+        asyncio.run(serve(reg, args.name, args.host, args.port, canary))
     except OSError as exc:
         raise CliError(
             f"--port: cannot listen on {args.host}:{args.port}: {exc.strerror}"

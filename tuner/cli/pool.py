@@ -90,7 +90,7 @@ def shares_table(people: list[dict[str, Any]], groups: list[dict[str, Any]]) -> 
     """Each person's (then each configured group's) weight, cap, GPUs held and waiting, and
     dominant share: why the queue is in its order (``TUNEHUB_POOL_SHARES``)."""
     table = Table(title="Shares")
-    for col in ("person", "account", "weight", "cap", "held", "waiting", "share", "fair share"):
+    for col in ("person", "account", "weight", "cap", "held", "in queue", "share", "fair share"):
         table.add_column(col)
     for row in people:
         table.add_row(row["person"], row["account"], f"{row['weight']:g}",

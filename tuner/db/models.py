@@ -121,6 +121,9 @@ class Trial(Base):
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     artifact_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
     has_model: Mapped[bool] = mapped_column(default=False)
+    # Every metric of its final report ({name: value}) and the serving figures tunehub
+    # measured of its model (tuner.serving.cost); None when it reported one number only.
+    metrics: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
     token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
@@ -162,6 +165,12 @@ class ModelVersion(Base):
     params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     code_location: Mapped[str | None] = mapped_column(Text, nullable=True)
     data_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The metrics and serving figures it was chosen on (its trial's ``metrics``).
+    metrics: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    # The content digest of the sweep's code snapshot (tuner.serving.lineage): "sha256:...".
+    code_digest: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    # Every move between stages: [{"stage", "reason", "at"}], oldest first.
+    history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     promoted_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 

@@ -49,18 +49,20 @@ class Teller(Protocol):
     def tell(
         self,
         trial: int,
-        values: float | None = None,
+        values: float | Sequence[float] | None = None,
         state: OptunaTrialState | None = None,
         skip_if_finished: bool = False,
     ) -> object: ...
 
 
-def tell_quietly(teller: Teller, number: int, state: TrialState, value: float | None) -> None:
+def tell_quietly(teller: Teller, number: int, state: TrialState, value: float | None,
+                 values: Sequence[float] | None = None) -> None:
     """Tell Optuna that trial ``number`` ended in our ``state``; a trial Optuna already finished
-    (a crash between our commit and Optuna's) is left as it is."""
+    (a crash between our commit and Optuna's) is left as it is. ``values``: a multi-objective
+    study's values, in the order of its directions (else ``value``)."""
     theirs = optuna_state(state)
     if theirs == OptunaTrialState.COMPLETE:
-        teller.tell(number, value, skip_if_finished=True)
+        teller.tell(number, list(values) if values else value, skip_if_finished=True)
     else:
         teller.tell(number, state=theirs, skip_if_finished=True)
 
@@ -334,19 +336,23 @@ class Ledger:
         has_model: bool,
         direction: str,
         teller: Teller,
+        figures: dict[str, float] | None = None,
+        values: Sequence[float] | None = None,
     ) -> Counts:
         """The trial ends in ``state``: its row, the sweep's counters and best trial, then
-        Optuna. Returns the counters as written."""
+        Optuna. ``figures``: every metric it reported and the serving figures measured of its
+        model; ``values``: a multi-objective study's values. Returns the counters as written."""
         number, counts = self._write_finish(sweep_id, trial_id, state, value, reason, has_model,
-                                            direction)
+                                            direction, figures)
         metrics.TRIALS_FINISHED.labels(state).inc()
-        tell_quietly(teller, number, state, value)
+        tell_quietly(teller, number, state, value, values)
         return counts
 
     @patient
     def _write_finish(
         self, sweep_id: int, trial_id: int, state: TrialState, value: float | None,
         reason: str | None, has_model: bool, direction: str,
+        figures: dict[str, float] | None = None,
     ) -> tuple[int, Counts]:
         """:meth:`finish_trial`'s transaction (retried alone through an outage: the tell
         after it is not part of it)."""
@@ -359,6 +365,8 @@ class Ledger:
             row.token_hash = None  # the attempt's token dies with it
             if value is not None:
                 row.value = value
+            if figures:
+                row.metrics = dict(figures)
             number = row.number
             if state in COUNTED:
                 column = counter_column(state)

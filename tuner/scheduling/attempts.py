@@ -26,6 +26,8 @@ class Running:
     last_value: float | None = None
     last_step: int | None = None
     final_value: float | None = None  # a report without a step: the result
+    #: Every metric of that final report, when it gave several (``tuner.report({...})``).
+    final_metrics: dict[str, float] | None = None
     pruned: bool = False
     waiting: bool = False  # its reason says why it cannot start yet
     #: Earlier attempts of the trial the GPU pool stopped (not retries: see max_retries).

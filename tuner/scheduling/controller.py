@@ -28,12 +28,14 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tunehub_base.gpu_meter import UseMeter, UsePolicy
 from tunehub_base.gpu_pod_use import PodUseBook
 from tunehub_base.gpu_usage import GpuReading
+from tunehub_base.options import setting
 from tunehub_base.settings import Settings
 from tuner import metrics, untrusted_files
 from tuner.backends._base import (
@@ -60,6 +62,7 @@ from tuner.lifecycle.states import (
 from tuner.lifecycle.trial_paths import TrialPaths
 from tuner.limits import Limits
 from tuner.scheduling.attempts import Running, RunningAttempts
+from tuner.scheduling.objectives import BadReport, check_final_report, objective_values
 from tuner.scheduling.promotion import SweepOrigin, register_best
 from tuner.scheduling.recovery import Recovery
 from tuner.scheduling.trial_env import AttemptIdentity, new_token, token_matches, trial_env
@@ -462,11 +465,11 @@ class SweepController:
 
     def report(
         self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
-        last: bool = False,
+        last: bool = False, metrics: dict[str, float] | None = None,
     ) -> bool:
         """A running attempt's report; returns whether the trial should be pruned."""
         began = time.perf_counter()
-        pruned = self._judge(trial_id, token, attempt, value, step, last)
+        pruned = self._judge(trial_id, token, attempt, value, step, last, metrics)
         for observer in self.engine.observers:
             observer.on_report(self.sweep_id, trial_id, step, value, pruned,
                                time.perf_counter() - began)
@@ -504,14 +507,23 @@ class SweepController:
 
     def _judge(
         self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
-        last: bool,
+        last: bool, metrics: dict[str, float] | None = None,
     ) -> bool:
         rt = self._attempt(trial_id, token, attempt)
+        if metrics is not None:
+            if step is not None:
+                raise BadReport("metrics", "several metrics are a final report: no step")
+            value = check_final_report(self.spec, metrics)
+            rt.final_metrics = dict(metrics)
+        elif step is None and self.spec.multi_objective:
+            check_final_report(self.spec, {self.spec.metric: value})
         if step is None:
             rt.final_value = value
             return False
         self.ledger.record_report(trial_id, step, value)
         rt.last_value, rt.last_step = value, step
+        if self.spec.multi_objective:
+            return False  # kept for the charts; Optuna neither takes nor prunes it
         rt.optuna_trial.report(value, step)
         if not last and rt.optuna_trial.should_prune():
             rt.pruned = True
@@ -647,9 +659,11 @@ class SweepController:
         started in the freed slot). A shutdown waits for the thread: the controller lets go
         of the sweep only after what it began is written and told."""
         def finish() -> Counts:
+            now, why, figures, values = self._figures(rt, state, value, reason)
             return self.ledger.finish_trial(
-                self.sweep_id, rt.trial_id, state, value, reason,
+                self.sweep_id, rt.trial_id, now, value, why,
                 has_model=rt.paths.has_model(), direction=self.spec.direction, teller=self.study,
+                figures=figures, values=values,
             )
 
         began = time.perf_counter()
@@ -663,6 +677,47 @@ class SweepController:
         for observer in self.engine.observers:
             observer.on_trial_end(self.sweep_id, rt.trial_id, state, value,
                                   time.perf_counter() - began)
+
+    def _figures(
+        self, rt: Running, state: TrialState, value: float | None, reason: str | None,
+    ) -> tuple[TrialState, str | None, dict[str, float] | None, list[float] | None]:
+        """A finishing trial's metrics: what it reported, and, when the sweep uses them, the
+        serving figures of its model measured now (:mod:`tuner.serving.cost`; seconds, in
+        the finishing thread). A multi-objective trial missing one of its values fails with
+        the reason."""
+        figures = dict(rt.final_metrics or {})
+        if state != TrialState.COMPLETED:
+            return state, reason, figures or None, None
+        if self.spec.serving_figures() and rt.paths.has_model():
+            from tuner.serving.cost import CostError, measure_trial_model
+            from tuner.serving.intake import ModelRefused
+
+            settings = self.engine.settings
+            try:
+                figures.update(measure_trial_model(
+                    rt.paths.artifact_dir / "model", settings.sweeps_dir,
+                    setting("TUNEHUB_MODEL_MAX_BYTES").number(), become=self._as_owner()))
+            except (CostError, ModelRefused, OSError) as exc:
+                reason = f"serving cost not measured: {exc}"
+        values = objective_values(self.spec, value, figures)
+        if self.spec.multi_objective and values is None:
+            missing = [o.name for o in self.spec.objectives
+                       if o.name not in figures and o.name != self.spec.metric]
+            why = reason or ("no model to measure (call tuner.save_model)"
+                             if not rt.paths.has_model() else "not measured")
+            return TrialState.FAILED, f"{', '.join(missing)} missing: {why}", figures, None
+        return state, reason, figures or None, values
+
+    def _as_owner(self) -> Callable[[], None] | None:
+        """Where people have Unix users, what makes a child process the sweep's owner (the
+        serving-cost server runs their model's graph); None where they do not."""
+        unix = getattr(self.backend, "unix", None)
+        if unix is None:
+            return None
+        from tunehub_base.unix_users import privilege_dropper
+
+        dropper: Callable[[], None] = privilege_dropper(unix.require(self.owner))
+        return dropper
 
     # --- the end -------------------------------------------------------------------------
 

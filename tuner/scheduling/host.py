@@ -103,13 +103,14 @@ class SweepHost:
 
     def report(
         self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
-        last: bool = False,
+        last: bool = False, metrics: dict[str, float] | None = None,
     ) -> bool:
-        """A trial's report; returns whether the trial should be pruned."""
+        """A trial's report; returns whether the trial should be pruned. ``metrics``: a final
+        report of several metrics (``value`` is then ignored)."""
         controller = self._by_trial.get(trial_id)
         if controller is None:
             raise NotFound(f"trial {trial_id} is not running")
-        return controller.report(trial_id, token, attempt, value, step, last)
+        return controller.report(trial_id, token, attempt, value, step, last, metrics)
 
     def gpu_use(self, trial_id: int, token: str, attempt: int,
                 readings: list[GpuReading]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from tuner.lifecycle.ledger import Counts, Ledger, tell_quietly
 from tuner.lifecycle.states import TrialState
 from tuner.lifecycle.trial_paths import TrialPaths
 from tuner.scheduling.attempts import Running, RunningAttempts
+from tuner.scheduling.objectives import objective_values
 from tuner.search.mirror import StudyMirror
 from tuner.search.study import our_state
 from tuner.spec import SweepSpec
@@ -68,7 +69,8 @@ class Recovery:
             if row.state.is_finished() and ot is not None and (
                 ot.state == OptunaTrialState.RUNNING
             ):
-                tell_quietly(self.study, row.number, row.state, row.value)
+                tell_quietly(self.study, row.number, row.state, row.value,
+                             objective_values(self.spec, row.value, row.metrics))
         relaunch: deque[int] = deque()
         stale: list[Trial] = []
         for row in rows:
@@ -76,7 +78,8 @@ class Recovery:
                 continue
             ot = by_number.get(row.number)
             if ot is not None and ot.state.is_finished():
-                self.ledger.adopt_outcome(row.id, our_state(ot.state), ot.value)
+                self.ledger.adopt_outcome(row.id, our_state(ot.state),
+                                          ot.values[0] if ot.values else None)
                 continue
             if row.state == TrialState.RUNNING:
                 stale.append(row)

@@ -294,9 +294,12 @@ class Sweep:
 
     def plot(self) -> SweepPlots:
         """Optuna's optimisation history and parameter importances (plotly figures, drawn one
-        after the other when a notebook shows the result)."""
+        after the other when a notebook shows the result), and, for a sweep that trades its
+        metric against a cost, the Pareto front with the budget and the chosen model
+        (:mod:`tuner.sdk.pareto`)."""
         import optuna
 
+        from tuner.sdk.pareto import pareto_data, pareto_figure
         from tuner.search.study import OPTUNA_STATES
 
         self.refresh()
@@ -318,7 +321,11 @@ class Sweep:
                     state=OPTUNA_STATES[t["state"]],
                 )
             )
+        # (A multi-objective sweep's history is its primary metric's: study has that one.)
         figures = SweepPlots(history=optuna.visualization.plot_optimization_history(study))
+        pareto = pareto_data(spec, self.trial_list())
+        if pareto is not None:
+            figures["pareto"] = pareto_figure(pareto)
         completed = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         if len(completed) >= 2 and len(dists) >= 1:
             figures["importance"] = optuna.visualization.plot_param_importances(study)

@@ -1,7 +1,8 @@
 """Runs a Python function shipped from a notebook (cloudpickle) as a trial.
 
 :data:`COMMAND` (``python -m tuner.sdk.run_function objective.pkl``): the function gets the trial's
-parameters; a number it returns is reported as the trial's result. It may call
+parameters; a number it returns is reported as the trial's result, a mapping of metric names to
+numbers as its final report of every metric (a multi-objective sweep's ``metrics``). It may call
 ``tuner.report(value, step)`` itself to be pruned.
 
 The client (:meth:`tuner.sdk.client.Sweep.submit`) and the API (``POST sweeps`` with a
@@ -33,7 +34,9 @@ def main(argv: list[str]) -> int:
         return 2
     function = cloudpickle.loads(Path(argv[0]).read_bytes())
     result = function(tuner.params())
-    if result is not None:
+    if isinstance(result, dict):
+        tuner.report({str(k): float(v) for k, v in result.items()})
+    elif result is not None:
         tuner.report(float(result))
     return 0
 

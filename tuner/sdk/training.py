@@ -103,23 +103,29 @@ def artifact_dir() -> Path:
     return path
 
 
-def report(value: float, step: int | None = None, last: bool = False) -> None:
+def report(value: float | dict[str, float], step: int | None = None, last: bool = False) -> None:
     """Report the sweep metric. With ``step`` it is an intermediate value (e.g. per epoch) the
     pruner judges; the last reported value is the trial's result. ``last=True`` says this is
     the trial's final step: it is never pruned there (it has trained to the end).
+
+    A mapping (``report({"val_accuracy": 0.97, "params_k": 12})``, no ``step``) is the
+    trial's final result with every metric it has: the sweep's metric is its result, a
+    multi-objective sweep's ``metrics`` (all of them but the serving figures tunehub measures
+    itself) are its values, and all are kept on the trial.
 
     Raises :class:`Pruned` when the pruner says stop. A no-op outside a sweep, and on the
     workers of a multi-worker trial other than the chief (:func:`is_chief`): the chief's values
     are the trial's (metrics of a distributed ``fit`` are already reduced across workers).
     """
-    value = float(value)
+    body: dict[str, Any] = {"step": step, "attempt": int(os.environ.get(ENV_ATTEMPT, "1"))}
+    if isinstance(value, dict):
+        if step is not None:
+            raise ValueError("several metrics are the final result: report them without a step")
+        body["metrics"] = {str(k): float(v) for k, v in value.items()}
+    else:
+        body["value"] = float(value)
     if not in_trial() or not is_chief():
         return
-    body = {
-        "value": value,
-        "step": step,
-        "attempt": int(os.environ.get(ENV_ATTEMPT, "1")),
-    }
     if last:
         body["last"] = True
     answer = _post(f"trials/{os.environ[ENV_TRIAL_ID]}/report", body)

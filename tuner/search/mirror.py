@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,7 +129,9 @@ class StudyMirror:
         self._db_study_id = self._storage.get_study_id_from_name(study_name)
         # TPE samples on a bounded view of the study (tuner.search.sampling_view): its cost per ask
         # stops growing with the sweep.
-        self.sampler = sampler or bounded(make_sampler(spec), spec.seed)
+        # (Multi-objective: Optuna's own sampler on the whole study; the view ranks one value.)
+        self.sampler = sampler or (make_sampler(spec) if spec.multi_objective
+                                   else bounded(make_sampler(spec), spec.seed))
         self.pruner = make_pruner(spec)
         # The pruner decides on a bounded sample of the study once it is large.
         self._pruner_view = bounded_pruner(self.pruner, spec.seed)
@@ -196,7 +198,7 @@ class StudyMirror:
     def tell(
         self,
         trial: int,
-        values: float | None = None,
+        values: float | Sequence[float] | None = None,
         state: TrialState | None = None,
         skip_if_finished: bool = False,
     ) -> FrozenTrial:

@@ -62,13 +62,30 @@ def make_sampler(spec: SweepSpec) -> BaseSampler:
     # With several trials in flight, TPE's constant liar keeps it from proposing the same
     # point to every free slot.
     return optuna.samplers.TPESampler(
-        seed=seed, constant_liar=spec.parallelism > 1, multivariate=True
+        seed=seed, constant_liar=spec.parallelism > 1, multivariate=True,
+        n_startup_trials=tpe_startup_trials(spec.trials),
     )
+
+
+#: The least and the most random startup trials TPE gets (:func:`tpe_startup_trials`).
+TPE_STARTUP = (5, 10)
+
+
+def tpe_startup_trials(trials: int) -> int:
+    """How many of a sweep's first trials TPE draws at random before it models the results:
+    an eighth of the sweep, at least 5 and at most Optuna's own 10. Optuna's fixed 10 is a
+    quarter of a 40-trial sweep spent on luck, and those trials are exactly random search's
+    with the same seed; measured in ``benchmarks/search.py`` (README, "Search defaults")."""
+    low, high = TPE_STARTUP
+    return max(low, min(high, trials // 8))
 
 
 def make_pruner(spec: SweepSpec) -> BasePruner:
     """Optuna's pruner for the spec, behind tunehub's two rules for small sweeps
-    (:mod:`tuner.search.pruning`)."""
+    (:mod:`tuner.search.pruning`). A multi-objective sweep is never pruned: Optuna's pruners
+    judge one objective (the spec refuses a pruner named with several metrics)."""
+    if spec.multi_objective:
+        return optuna.pruners.NopPruner()
     opts = {k: v for k, v in spec.pruner.options.items() if k not in OUR_PRUNER_OPTIONS}
     kind = spec.pruner.type
     inner: BasePruner
@@ -146,7 +163,7 @@ def create_study(
         storage=storage_for(url),
         sampler=make_sampler(spec),
         pruner=make_pruner(spec),
-        direction=spec.direction,
+        directions=[o.direction for o in spec.objectives],
         load_if_exists=True,
     )
     if owner is not None:

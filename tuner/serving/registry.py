@@ -68,6 +68,8 @@ class Registry:
         code_location: str | None = None,
         data_path: str | None = None,
         trusted: Path = Path("/"),
+        metrics: dict[str, float] | None = None,
+        code_digest: str | None = None,
     ) -> ModelVersion:
         """Copy a SavedModel in as the model's next version and record its lineage. The name
         must be ``owner``'s, or free (then it becomes theirs): :mod:`tuner.serving.names`.
@@ -110,6 +112,8 @@ class Registry:
                 params=dict(params or {}),
                 code_location=code_location,
                 data_path=data_path,
+                metrics=dict(metrics) if metrics else None,
+                code_digest=code_digest,
             )
             s.add(row)
         return row
@@ -139,8 +143,10 @@ class Registry:
         stage: str = "production",
         actor: str = "",
         is_admin: bool = False,
+        reason: str = "",
     ) -> ModelVersion:
-        """Give ``stage`` to ``version``; whoever held it is archived."""
+        """Give ``stage`` to ``version``; whoever held it is archived. Both moves go into the
+        versions' history with ``reason`` (by default, who did it)."""
         if stage not in STAGES:
             raise RegistryError(f"stage: expected {' | '.join(STAGES)}, got {stage!r}")
         with self.db.session() as s:
@@ -160,10 +166,28 @@ class Registry:
                     ModelVersion.id != row.id,
                 )
             )
+            why = reason or (f"promoted by {actor}" if actor else "promoted")
             for old in holders:
                 old.stage = ARCHIVED
+                _note(old, ARCHIVED, f"v{version} took {stage}: {why}")
             row.stage = stage
             row.promoted_at = utcnow()
+            _note(row, stage, why)
+        self.write_serving_config()
+        return row
+
+    def retire(self, model: str, version: int, reason: str) -> ModelVersion:
+        """Take its stage from ``version`` (a canary rolled back), saying why."""
+        with self.db.session() as s:
+            row = s.scalar(
+                select(ModelVersion).where(
+                    ModelVersion.model == model, ModelVersion.version == version
+                ).with_for_update()
+            )
+            if row is None:
+                raise NotFound(f"model {model} has no version {version}")
+            row.stage = ARCHIVED
+            _note(row, ARCHIVED, reason)
         self.write_serving_config()
         return row
 
@@ -195,8 +219,11 @@ class Registry:
         return [ServedModel(m, s.get("production"), s.get("canary"), s.get("previous"))
                 for m, s in stages.items()]
 
-    def apply_policy(self, version: ModelVersion, policy: str) -> tuple[bool, str]:
-        """A sweep's promotion policy for its new version; returns (promoted, why)."""
+    def apply_policy(self, version: ModelVersion, policy: str,
+                     stage: str = "production") -> tuple[bool, str]:
+        """A sweep's promotion policy for its new version; returns (promoted, why). ``stage``:
+        where it goes, production or canary (judged against production either way: a canary
+        is a candidate for production)."""
         if policy not in POLICIES:
             raise RegistryError(f"policy: expected {' | '.join(POLICIES)}, got {policy!r}")
         if policy == "never":
@@ -217,10 +244,14 @@ class Registry:
                     f"{version.metric}={version.metric_value:.4g} does not beat production "
                     f"v{current.version} ({current.metric_value:.4g})"
                 )
-        self.promote(version.model, version.version, "production", is_admin=True)
         if current is None or current.id == version.id:
-            return True, "first production version"
-        return True, f"beats production v{current.version}" if policy == "if-better" else ""
+            why = "first production version" if stage == "production" else ""
+        else:
+            why = f"beats production v{current.version}" if policy == "if-better" else ""
+        self.promote(version.model, version.version, stage, is_admin=True,
+                     reason=f"sweep {version.sweep_id}, policy {policy}"
+                            + (f": {why}" if why else ""))
+        return True, why
 
     # --- reading -------------------------------------------------------------------------
 
@@ -280,3 +311,8 @@ class Registry:
         if owner is None or not (is_admin or owner == actor):
             raise NotFound(f"model {model} not found")
 
+
+def _note(row: ModelVersion, stage: str, reason: str) -> None:
+    """Append a move to a version's history (a new list: the JSON column sees the change)."""
+    row.history = [*(row.history or []),
+                   {"stage": stage, "reason": reason, "at": utcnow().isoformat() + "Z"}]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import Counter as Tally
 from typing import Any
@@ -29,9 +30,11 @@ from tunehub_base.options import setting
 from tunehub_base.request_bounds import BodyError, BoundedApplication, RequestLimits, parse_json
 from tuner.errors import NotFound
 from tuner.metrics import MetricsHandler
+from tuner.serving.canary import CanaryPolicy, CanaryRelease, describe_error
 from tuner.serving.models_config import LABELS as SERVING_LABELS
 from tuner.serving.registry import STAGES, Registry
 
+log = logging.getLogger("tunehub.serve")
 STAGE_TTL = 2.0
 LABELS = {**SERVING_LABELS, "production": "production"}
 
@@ -48,9 +51,12 @@ class BadRequest(Exception):
 class ModelServer:
     """Loaded versions of one model and the stage lookup."""
 
-    def __init__(self, registry: Registry, model: str, max_client_requests: int = 8) -> None:
+    def __init__(self, registry: Registry, model: str, max_client_requests: int = 8,
+                 canary: CanaryPolicy | None = None) -> None:
         self.registry = registry
         self.model = model
+        #: The gradual release of a canary version (:mod:`tuner.serving.canary`), if asked.
+        self.canary = CanaryRelease(canary) if canary is not None else None
         self.max_client_requests = max_client_requests
         self.in_flight: Tally[str] = Tally()  # predictions running, by client address
         self._loaded: dict[int, Any] = {}
@@ -65,6 +71,35 @@ class ModelServer:
         if cached[1] is None:
             raise NotFound(f"model {self.model} has no {stage} version")
         return cached[1]
+
+    def route(self) -> tuple[int, bool]:
+        """The production route's version for the next request: (version, is it the
+        canary's)."""
+        if self.canary is not None and self.canary.goes_to_canary():
+            try:
+                return self.version_for("canary"), True
+            except NotFound:
+                pass  # no canary now: production takes it
+        return self.version_for("production"), False
+
+    def canary_answered(self, version: int) -> None:
+        if self.canary is None:
+            return
+        forward = self.canary.answered(version)
+        if forward is not None:
+            self.registry.promote(self.model, version, "production", is_admin=True,
+                                  reason=f"{forward}: rolled forward")
+            log.info("%s", forward)
+            self._stages.clear()
+
+    def canary_failed(self, version: int, error: str) -> None:
+        if self.canary is None:
+            return
+        back = self.canary.failed(version, error)
+        if back is not None:
+            self.registry.retire(self.model, version, back)
+            log.warning("%s", back)
+            self._stages.clear()
 
     def load(self, version: int) -> Any:
         if version not in self._loaded:
@@ -163,6 +198,7 @@ class PredictHandler(_Handler):
             body = parse_json(self.request.body or b"", limits)
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
+            canary = False
             if version is not None:
                 number = int(version)
                 self.server.registry.get(name, number)
@@ -171,9 +207,22 @@ class PredictHandler(_Handler):
                     raise BadRequest(f"unknown label {label!r}; use stable or canary")
                 number = self.server.version_for(LABELS[label])
             else:
-                number = self.server.version_for("production")
+                number, canary = self.server.route()
             loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(None, self.server.predict, number, body)
+            try:
+                result = await loop.run_in_executor(None, self.server.predict, number, body)
+            except (BadRequest, BodyError, NotFound):
+                raise
+            except Exception as exc:
+                if not canary:
+                    raise
+                # The canary failed where production may not: say so, answer from production.
+                self.server.canary_failed(number, describe_error(exc))
+                number = self.server.version_for("production")
+                result = await loop.run_in_executor(None, self.server.predict, number, body)
+            else:
+                if canary:
+                    self.server.canary_answered(number)
         except BodyError as exc:  # not JSON, or over a bound: the reason names it
             self.fail(exc.status, str(exc))
             PREDICTIONS.labels(name, version or label or "production", "400").inc()
@@ -222,10 +271,15 @@ class StatusHandler(_Handler):
         self.finish(json.dumps({"model_version_status": status}))
 
 
-def make_app(registry: Registry, model: str,
-             limits: RequestLimits | None = None) -> tornado.web.Application:
-    server = ModelServer(registry, model,
-                         setting("TUNEHUB_SERVE_MAX_CLIENT_REQUESTS").number())
+def make_app(registry: Registry, model: str, limits: RequestLimits | None = None,
+             server: ModelServer | None = None,
+             canary: CanaryPolicy | None = None) -> tornado.web.Application:
+    """The serving routes; ``server``: the versions they serve (the registry's by default;
+    the serving-cost measurement passes one model directory, :mod:`tuner.serving.cost`);
+    ``canary``: release the canary version gradually (:mod:`tuner.serving.canary`)."""
+    server = server or ModelServer(registry, model,
+                                   setting("TUNEHUB_SERVE_MAX_CLIENT_REQUESTS").number(),
+                                   canary=canary)
     kw = {"server": server}
     name = r"([a-z0-9-]+)"
     # Bounded before any route sees a request, as every tunehub server (request_bounds).
@@ -240,10 +294,11 @@ def make_app(registry: Registry, model: str,
     )
 
 
-async def serve(registry: Registry, model: str, host: str, port: int) -> None:
+async def serve(registry: Registry, model: str, host: str, port: int,
+                canary: CanaryPolicy | None = None) -> None:
     """Serve until cancelled."""
     registry.versions(model)  # an unknown model is an error now, not at the first request
-    app = make_app(registry, model)
+    app = make_app(registry, model, canary=canary)
     server = app.listen(port, host)
     try:
         await asyncio.Event().wait()

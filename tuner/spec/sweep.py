@@ -40,14 +40,18 @@ from tuner.spec.values import (
     PRUNER_OPTIONS,
     PRUNERS,
     SAMPLERS,
+    SERVING_METRICS,
     Direction,
+    Objective,
     Promote,
     PrunerSpec,
     Resources,
     SpecError,
+    default_pruner,
     parse_duration,
     read_choice,
     read_int,
+    read_metrics,
     read_promote,
     read_pruner,
     read_resources,
@@ -57,9 +61,9 @@ from tuner.spec.values import (
 __all__ = [
     "DIRECTIONS", "MAX_INT", "MAX_PARALLELISM", "MAX_RETRIES", "MAX_SEED", "MAX_TIMEOUT",
     "NAME_RE", "OUR_PRUNER_OPTIONS", "PLATFORM_ENV", "PLATFORM_ENV_PREFIXES", "POLICIES",
-    "PRIORITIES", "PRUNERS", "PRUNER_OPTIONS", "SAMPLERS", "CategoricalParam", "FloatParam",
-    "IntParam", "Param", "Promote", "PrunerSpec", "Resources", "SpecError", "SweepSpec",
-    "parse_duration",
+    "PRIORITIES", "PRUNERS", "PRUNER_OPTIONS", "SAMPLERS", "SERVING_METRICS", "CategoricalParam",
+    "FloatParam", "IntParam", "Objective", "Param", "Promote", "PrunerSpec", "Resources",
+    "SpecError", "SweepSpec", "parse_duration",
 ]
 
 # Variables the platform sets on trials (GPU placement, multi-worker layout, tunehub's and the
@@ -106,10 +110,10 @@ def dump(value: Any) -> Any:
             if f.name != "type" and not (f.name == "step" and item == f.default):
                 out[f.name] = dump(item)
         return out
-    if isinstance(value, Resources | Promote):
+    if isinstance(value, Resources | Promote | Objective):
         return {f.name: dump(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, tuple):
-        return list(value)
+        return [dump(v) for v in value]
     if isinstance(value, Mapping):
         return {k: dump(v) for k, v in value.items()}
     return value
@@ -175,7 +179,65 @@ def _read_command(r: _Reading, key: str, _default: Any) -> str:
 
 
 def _read_metric(r: _Reading, key: str, _default: Any) -> str:
-    return read_str(r.data, key)
+    """The primary metric: ``metric``, or the first of ``metrics`` (both given: the same)."""
+    name = read_str(r.data, key)
+    objectives = read_metrics(r.data.get("metrics"))
+    if objectives and objectives[0].name != name:
+        raise SpecError(key, f"must be the first of metrics ({objectives[0].name!r}), "
+                             f"got {name!r:.60}")
+    if not objectives and name in SERVING_METRICS:
+        raise SpecError(key, f"{name} is measured by tunehub, not reported by trials: name "
+                             "the trials' metric here and list it under metrics after it")
+    return name
+
+
+def _read_direction(r: _Reading, key: str, default: Any) -> str:
+    direction = read_choice(r.data, key, DIRECTIONS, default)
+    objectives = read_metrics(r.data.get("metrics"))
+    if objectives and key in r.data and r.data[key] is not None \
+            and direction != objectives[0].direction:
+        raise SpecError(key, f"must be the first metric's direction "
+                             f"({objectives[0].direction}), got {direction!r}")
+    return objectives[0].direction if objectives else direction
+
+
+def _read_metrics(r: _Reading, key: str, _default: Any) -> tuple[Objective, ...]:
+    """A multi-objective sweep's metrics. Optuna cannot prune a multi-objective study
+    (``Trial.report`` refuses it), so such a sweep is never pruned: a pruner named with
+    several metrics is refused here rather than silently ignored."""
+    objectives = read_metrics(r.data.get(key))
+    pruner = r.data.get("pruner")
+    ptype = pruner.get("type") if isinstance(pruner, Mapping) else pruner
+    if len(objectives) > 1 and ptype not in (None, "none"):
+        raise SpecError("pruner", "a sweep with several metrics is not pruned (Optuna cannot "
+                                  "prune a multi-objective study): remove pruner, or name one "
+                                  "metric")
+    if len(objectives) > 1 and r.data.get("sampler") == "cmaes":
+        raise SpecError("sampler", "CMA-ES optimizes one metric; with several metrics use tpe "
+                                   "(multi-objective TPE), random or grid")
+    return objectives
+
+
+def _read_pruner(r: _Reading, key: str, _default: Any) -> PrunerSpec:
+    """The pruner; a multi-objective sweep that names none gets ``none`` rather than the
+    default pruner, which it could not use (see :func:`_read_metrics`)."""
+    if r.data.get(key) is None and len(r.done["metrics"]) > 1:
+        return read_pruner("none")
+    return read_pruner(r.data.get(key))
+
+
+def _read_promote_budget(r: _Reading, key: str, _default: Any) -> Promote | None:
+    """``promote``, its constraints naming only what the sweep measures: its metrics and the
+    serving figures tunehub takes of every saved model."""
+    promote = read_promote(r.data.get(key))
+    if promote is None:
+        return None
+    known = {r.done["metric"], *(o.name for o in r.done["metrics"]), *SERVING_METRICS}
+    for name in promote.constraints:
+        if name not in known:
+            raise SpecError(f"promote.constraints.{name}", "not a metric of this sweep; expected "
+                                                           f"one of {', '.join(sorted(known))}")
+    return promote
 
 
 def _read_space(r: _Reading, key: str, _default: Any) -> dict[str, Param]:
@@ -266,16 +328,19 @@ class SweepSpec:
     name: str = _spec_field(_read_name, required=True)
     command: str = _spec_field(_read_command, required=True)
     metric: str = _spec_field(_read_metric, required=True)
-    direction: Direction = _spec_field(_one_of(DIRECTIONS), "maximize")
+    direction: Direction = _spec_field(_read_direction, "maximize")
+    # Several metrics make the study multi-objective (the first is the primary one: the
+    # sweep's best trial, pruning's and promotion's ranking); empty for one metric.
+    metrics: tuple[Objective, ...] = _spec_field(_read_metrics, ())
     trials: int = _spec_field(_integer(minimum=1), 20)
     parallelism: int = _spec_field(_integer(minimum=1, maximum=MAX_PARALLELISM), 1)
     sampler: str = _spec_field(_one_of(SAMPLERS), "tpe")
-    pruner: PrunerSpec = _spec_field(_value(read_pruner), factory=PrunerSpec)
+    pruner: PrunerSpec = _spec_field(_read_pruner, factory=default_pruner)
     space: Mapping[str, Param] = _spec_field(_read_space, required=True)
     resources: Resources = _spec_field(_value(read_resources), factory=Resources)
     max_retries: int = _spec_field(_integer(minimum=0, maximum=MAX_RETRIES), 0)
     trial_timeout: float | None = _spec_field(_value(parse_duration), None)
-    promote: Promote | None = _spec_field(_value(read_promote), None)
+    promote: Promote | None = _spec_field(_read_promote_budget, None)
     priority: str = _spec_field(_one_of(PRIORITIES), "normal")
     seed: int | None = _spec_field(_read_seed, None)
     code: str | None = _spec_field(_read_code, None)
@@ -286,6 +351,23 @@ class SweepSpec:
     # Stop the sweep once this many trials have failed (retries spent); None: the default
     # (failure_limit), 0: never stop early.
     max_failed_trials: int | None = _spec_field(_read_max_failed, None)
+
+    @property
+    def objectives(self) -> tuple[Objective, ...]:
+        """What the study optimizes, in order: ``metrics``, or the one ``metric``."""
+        return self.metrics or (Objective(self.metric, self.direction),)
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.objectives) > 1
+
+    def serving_figures(self) -> bool:
+        """Whether the sweep uses the serving figures tunehub measures (as objectives or in
+        its budget): only then is every saved model measured."""
+        named = {o.name for o in self.objectives}
+        if self.promote is not None:
+            named |= set(self.promote.constraints)
+        return bool(named & set(SERVING_METRICS))
 
     def failure_limit(self) -> int | None:
         """How many failed trials stop the sweep: ``max_failed_trials``, by default 3 or a
@@ -383,6 +465,12 @@ def _parse(data: Any, base_dir: Path | None) -> SweepSpec:
     if not isinstance(data, Mapping):
         raise SpecError("spec", f"expected a mapping of fields, got {type(data).__name__}")
     _no_nul(data, "spec")
+    metrics = data.get("metrics")
+    if data.get("metric") is None and isinstance(metrics, list) and metrics:
+        first = metrics[0]  # the primary metric may be given as the first of metrics alone
+        first = first.get("name") if isinstance(first, Mapping) else first
+        if isinstance(first, str):
+            data = {**data, "metric": first}
     for key in data:
         if key not in FIELDS:
             raise SpecError(key, f"unknown field; expected one of {', '.join(sorted(FIELDS))}")

@@ -26,6 +26,25 @@ Direction = Literal["maximize", "minimize"]  # as Optuna's create_study takes it
 DIRECTIONS: tuple[Direction, ...] = ("maximize", "minimize")
 #: A sweep's promotion policy for the version it registers (see tuner.serving.registry.Registry).
 POLICIES = ("if-better", "always", "never")
+#: Where a sweep's promoted model goes.
+PROMOTE_STAGES = ("production", "canary")
+#: Figures the platform measures for every trial that saved a model (:mod:`tuner.serving.cost`),
+#: all to minimize: a spec may name them as objectives in ``metrics`` and bound them in
+#: ``promote.constraints``; trials never report them (a trial cannot grade its own serving).
+SERVING_METRICS: dict[str, Direction] = {
+    "serving_latency_p50_ms": "minimize",
+    "serving_latency_p95_ms": "minimize",
+    "model_size_mb": "minimize",
+}
+#: The short names ``promote.constraints`` may use for them (``latency_p95_ms: 5``).
+CONSTRAINT_ALIASES = {
+    "latency_p50_ms": "serving_latency_p50_ms",
+    "latency_p95_ms": "serving_latency_p95_ms",
+    "size_mb": "model_size_mb",
+}
+#: At most this many objectives: Optuna's multi-objective samplers grow with them, a chart
+#: cannot show more, and a person cannot weigh more.
+MAX_OBJECTIVES = 4
 
 # Options a user may pass to each pruner (``pruner: {type: hyperband, max_resource: 30}``),
 # forwarded to Optuna's constructor; anything else is a typo we can name.
@@ -79,6 +98,20 @@ class Resources:
 class Promote:
     model: str
     policy: str = "if-better"
+    #: Where a promoted model goes: production, or canary first (``model serve`` releases it
+    #: gradually, :mod:`tuner.serving.canary`).
+    stage: str = "production"
+    #: A budget the promoted model must meet: metric (or serving figure) -> bound; an upper
+    #: bound for a metric to minimize, a lower one for a metric to maximize.
+    constraints: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One of a multi-objective sweep's metrics (``metrics: [{name, direction}]``)."""
+
+    name: str
+    direction: Direction = "maximize"
 
 
 @dataclass(frozen=True)
@@ -189,9 +222,19 @@ def parse_duration(value: Any, field_name: str = "trial_timeout") -> float | Non
 # --- pruner, resources, promote --------------------------------------------------------------
 
 
+#: The pruner of a spec that names none (``pruner: none`` still turns pruning off). Chosen by
+#: measurement: ``benchmarks/search.py`` and the README's "Search defaults" (issue 28).
+DEFAULT_PRUNER: Mapping[str, Any] = {"type": "asha", "min_resource": 3}
+
+
+def default_pruner() -> PrunerSpec:
+    """A fresh :data:`DEFAULT_PRUNER` (the spec field's factory)."""
+    return read_pruner(DEFAULT_PRUNER)
+
+
 def read_pruner(raw: Any) -> PrunerSpec:
     if raw is None:
-        return PrunerSpec()
+        return default_pruner()
     if isinstance(raw, str):
         raw = {"type": raw}
     if not isinstance(raw, Mapping):
@@ -260,7 +303,67 @@ def read_promote(raw: Any) -> Promote | None:
     policy = raw.get("policy", default_of(Promote, "policy"))
     if policy not in POLICIES:
         raise SpecError("promote.policy", f"expected one of {' | '.join(POLICIES)}, got {policy!r}")
-    return Promote(model=model, policy=policy)
+    stage = raw.get("stage", default_of(Promote, "stage"))
+    if stage not in PROMOTE_STAGES:
+        raise SpecError("promote.stage",
+                        f"expected one of {' | '.join(PROMOTE_STAGES)}, got {stage!r:.60}")
+    return Promote(model=model, policy=policy, stage=stage,
+                   constraints=read_constraints(raw.get("constraints")))
+
+
+def read_constraints(raw: Any) -> dict[str, float]:
+    """``promote.constraints``: metric name -> finite bound; the serving figures' short names
+    (``latency_p95_ms``, ``size_mb``) are written back as their full names. Whether a name is a
+    metric of the sweep is checked with the whole spec (:mod:`tuner.spec.sweep`)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise SpecError("promote.constraints",
+                        "expected a mapping of metric names to bounds, e.g. {latency_p95_ms: 5}")
+    out: dict[str, float] = {}
+    for key, bound in raw.items():
+        if not isinstance(key, str) or not key:
+            raise SpecError("promote.constraints", f"expected metric names, got {key!r:.60}")
+        out[CONSTRAINT_ALIASES.get(key, key)] = read_number(bound, f"promote.constraints.{key}")
+    return out
+
+
+def read_metrics(raw: Any) -> tuple[Objective, ...]:
+    """``metrics: [{name: val_accuracy, direction: maximize}, ...]`` (a bare name means
+    maximize, or minimize for a serving figure); the first is the primary metric."""
+    if raw is None or raw == []:
+        return ()
+    if not isinstance(raw, list):
+        raise SpecError("metrics", "expected a list of {name, direction}")
+    if len(raw) > MAX_OBJECTIVES:
+        raise SpecError("metrics", f"at most {MAX_OBJECTIVES} metrics, got {len(raw)}")
+    out: list[Objective] = []
+    for i, item in enumerate(raw):
+        where = f"metrics[{i}]"
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, Mapping):
+            raise SpecError(where, f"expected {{name, direction}}, got {item!r:.60}")
+        no_unknown(item, names(Objective), prefix=f"{where}.")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise SpecError(f"{where}.name", f"expected a non-empty string, got {name!r:.60}")
+        if name in CONSTRAINT_ALIASES:
+            name = CONSTRAINT_ALIASES[name]
+        if any(o.name == name for o in out):
+            raise SpecError(f"{where}.name", f"{name!r} is named twice")
+        direction = item.get("direction", SERVING_METRICS.get(name, "maximize"))
+        if direction not in DIRECTIONS:
+            raise SpecError(f"{where}.direction",
+                            f"expected one of {' | '.join(DIRECTIONS)}, got {direction!r:.60}")
+        if name in SERVING_METRICS and direction != SERVING_METRICS[name]:
+            raise SpecError(f"{where}.direction", f"{name} is a cost: it can only be minimized")
+        out.append(Objective(name=name, direction=direction))
+    if out[0].name in SERVING_METRICS:
+        raise SpecError("metrics[0].name",
+                        "the first metric is the one trials report (e.g. val_accuracy); "
+                        "list the serving figures after it")
+    return tuple(out)
 
 
 def memory_bytes(memory: str) -> int:

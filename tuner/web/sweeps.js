@@ -172,6 +172,7 @@ function renderDetail(sweep, trials, versions) {
   }
   drawHistory(sweep, trials);
   drawCurves(sweep, trials);
+  drawPareto(sweep, trials, versions);
 }
 
 // A trial's measured GPU use: "unused" (flagged: it asked for a GPU and runs on the CPU),
@@ -239,6 +240,69 @@ function drawCurves(sweep, trials) {
       marker: { size: 4 },
     }));
   plot("curves-chart", traces, "step", sweep.metric || "value");
+}
+
+// The Pareto front of a sweep that trades its metric against a cost (several metrics, or a
+// promotion budget), drawn as tuner/sdk/pareto.py draws it for sweep.plot(): the metric on y,
+// the first budgeted cost (else the second metric) on x, the budget as a dashed line, and the
+// model promoted from this sweep as a star.
+
+function paretoAxes(spec) {
+  const budget = (spec.promote && spec.promote.constraints) || {};
+  const costs = Object.keys(budget).filter((m) => m !== spec.metric)
+    .concat((spec.metrics || []).slice(1).map((o) => o.name));
+  if (!costs.length) return null;
+  const x = costs[0];
+  const declared = (spec.metrics || []).find((o) => o.name === x);
+  const xDirection = declared ? declared.direction : "minimize";
+  return { x, y: spec.metric, xDirection, bound: x in budget ? budget[x] : null };
+}
+
+function paretoFront(points, xDirection, yDirection) {
+  const sx = xDirection === "minimize" ? 1 : -1;
+  const sy = yDirection === "minimize" ? 1 : -1;
+  const front = [];
+  let bestY = null;
+  for (const p of [...points].sort((a, b) => sx * (a.x - b.x) || sy * (a.y - b.y))) {
+    if (bestY === null || sy * p.y < bestY) {
+      front.push(p);
+      bestY = sy * p.y;
+    }
+  }
+  return front;
+}
+
+function drawPareto(sweep, trials, versions) {
+  const axes = paretoAxes(sweep.spec || {});
+  $("pareto-figure").hidden = axes === null;
+  if (axes === null) return;
+  const points = trials.filter((t) => t.state === "completed" && t.value !== null)
+    .map((t) => ({ n: t.number, x: { ...(t.metrics || {}), [axes.y]: t.value }[axes.x], y: t.value }))
+    .filter((p) => typeof p.x === "number");
+  const front = paretoFront(points, axes.xDirection, sweep.direction);
+  const traces = [
+    { x: points.map((p) => p.x), y: points.map((p) => p.y), mode: "markers", name: "trials",
+      marker: { color: "#999", size: 8 }, text: points.map((p) => `trial ${p.n}`) },
+    { x: front.map((p) => p.x), y: front.map((p) => p.y), mode: "lines+markers",
+      name: "Pareto front", line: { color: "#1f77b4", shape: "hv" },
+      text: front.map((p) => `trial ${p.n}`) },
+  ];
+  const chosen = versions.length ? points.find((p) => p.n === versions[0].trial_number) : null;
+  if (chosen) {
+    traces.push({ x: [chosen.x], y: [chosen.y], mode: "markers", name: `chosen: trial ${chosen.n}`,
+      marker: { color: "#2ca02c", size: 16, symbol: "star" } });
+  }
+  if (axes.bound !== null && points.length) {
+    const ys = points.map((p) => p.y);
+    traces.push({ x: [axes.bound, axes.bound], y: [Math.min(...ys), Math.max(...ys)],
+      mode: "lines", name: `budget ${axes.x} ${axes.bound}`,
+      line: { color: "#d62728", dash: "dash" } });
+  }
+  const chart = $("pareto-chart");
+  chart.dataset.front = front.map((p) => p.n).join(",");
+  chart.dataset.chosen = chosen ? String(chosen.n) : "";
+  chart.dataset.budget = axes.bound === null ? "" : `${axes.x} ${axes.bound}`;
+  plot("pareto-chart", traces, `${axes.x} (${axes.xDirection})`, `${axes.y} (${sweep.direction})`);
 }
 
 // --- models -------------------------------------------------------------------------------
