@@ -34,6 +34,7 @@ from tunehub_base.gpu_names import GpuNames
 DEFAULT_VALUES_PATH = "/usr/local/etc/tunehub/values.yaml"
 NOTEBOOK_PORT = 8888
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Seconds the starting hub waits for the (external) tuner service to answer; then it warns.
 TUNER_STARTUP_WAIT = 2
 #: What the notebook image runs (its CMD; images/notebook/Dockerfile).
@@ -242,6 +243,10 @@ def configure_kubespawner(c: Any, values: dict[str, Any] | None = None) -> None:
         # kueue.queueNotebooks: Kueue's pod integration admits notebook pods from the same
         # quota as sweeps, so notebook GPUs count against the pool.
         ks.extra_labels = {QUEUE_LABEL: names["localQueue"]}
+        ks.kueue_cluster_queue = names.get("clusterQueue") or ""
+        if names.get("notebookWorkloadPriorityClass"):
+            # Kueue orders (and preempts) by it: notebooks above every sweep.
+            ks.extra_labels[PRIORITY_LABEL] = names["notebookWorkloadPriorityClass"]
     # Non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp.
     ks.uid = int(nb["uid"])
     ks.gid = int(nb["gid"])

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Bool, Dict, Int, List, Unicode
+from traitlets import Bool, Dict, Float, Int, List, Unicode
 
+from hub import kueue_wait
 from hub.spawn_refused import SpawnRefused
 
 #: Events after which a pending pod may still get a node (cluster autoscaler, preemption).
@@ -111,6 +112,18 @@ class TunehubKubeSpawner(KubeSpawner):
         True, help="Create ``<data_path>/<users_subpath>/<username>`` before a spawn."
     ).tag(config=True)
 
+    kueue_cluster_queue = Unicode(
+        "",
+        help="""The ClusterQueue behind the notebooks' LocalQueue (``kueue.queueNotebooks``),
+        named on the spawn page while a notebook waits for quota.""",
+    ).tag(config=True)
+
+    kueue_poll_interval = Float(
+        3.0,
+        help="""Seconds between two reads of Kueue's queue positions (its visibility API)
+        while a queued notebook waits; positions cannot be watched.""",
+    ).tag(config=True)
+
     # --- profiles ----------------------------------------------------------------------------
 
     @staticmethod
@@ -198,3 +211,54 @@ class TunehubKubeSpawner(KubeSpawner):
                 return (f"no node can take this server ({reason.strip()}); gave up after "
                         f"{self.unschedulable_timeout} s. Choose a smaller profile or try later.")
             await asyncio.sleep(1)
+
+    # --- progress: a queued notebook's place in Kueue's queue -------------------------------
+
+    async def progress(self) -> Any:
+        """KubeSpawner's events, and, while the pod waits in Kueue (``kueue.queueNotebooks``),
+        its place in the queue whenever it changes."""
+        local_queue = (self.extra_labels or {}).get(kueue_wait.QUEUE_LABEL)
+        if not local_queue:
+            async for event in super().progress():
+                yield event
+            return
+        # (which stream, its next item or None at its end)
+        updates: asyncio.Queue[tuple[int, dict[str, Any] | None]] = asyncio.Queue()
+
+        async def pump(index: int, source: Any) -> None:
+            try:
+                async for item in source:
+                    await updates.put((index, item))
+            finally:
+                await updates.put((index, None))
+
+        tasks = [asyncio.ensure_future(pump(0, super().progress())),
+                 asyncio.ensure_future(pump(1, self._kueue_places(local_queue)))]
+        try:
+            while True:
+                index, item = await updates.get()
+                if item is not None:
+                    yield item
+                elif index == 0:  # KubeSpawner's own stream ended: the spawn is over
+                    break
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _kueue_places(self, local_queue: str) -> Any:
+        """The pod's place in Kueue's queue while it waits, said when it changes."""
+        last = None
+        while not (self._start_future and self._start_future.done()):
+            try:
+                summary = await kueue_wait.pending_workloads(
+                    self.api.api_client, self.namespace, local_queue)
+            except Exception as exc:  # the place is a nicety: the spawn goes on without it
+                self.log.warning("reading Kueue's queue for %s: %s", self.pod_name, exc)
+                summary = None
+            message = (kueue_wait.queue_message(self.pod_name, summary,
+                                                self.kueue_cluster_queue)
+                       if summary is not None else None)
+            if message and message != last:
+                last = message
+                yield {"message": message}
+            await asyncio.sleep(self.kueue_poll_interval)

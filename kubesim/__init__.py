@@ -93,8 +93,13 @@ SuccessCriteriaMet/Complete and FailureTarget/Failed with reasons BackoffLimitEx
 DeadlineExceeded / PodFailurePolicy. Pods deleted by others while running (preemption) count
 as failed unless a policy ignores them. Kueue stand-in (:mod:`kubesim.kueue`): once any
 ClusterQueue exists, Jobs labelled ``kueue.x-k8s.io/queue-name`` are created suspended and
-admitted by quota (Workload objects with QuotaReserved/Admitted conditions and Kueue's
-pending message).
+plain pods so labelled (notebooks) get Kueue's ``kueue.x-k8s.io/admission`` scheduling gate;
+both are admitted by quota (Workload objects with QuotaReserved/Admitted conditions and
+Kueue's pending message), ordered by WorkloadPriorityClass (``kueue.x-k8s.io/priority-class``)
+or PriorityClass value, and evicted for higher priorities (Evicted condition; the Job
+suspended, the pod deleted). Kueue's visibility API
+(``/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/NS/localqueues/LQ/pendingworkloads``,
+:mod:`kubesim.kueue_visibility`) gives pending workloads with their positions.
 
 Standalone: ``python -m kubesim --data DIR`` prints one JSON line (url, kubeconfig,
 namespace, data, counters URL) and serves until SIGINT/SIGTERM.

@@ -17,6 +17,8 @@ from .quota import Quotas
 from .resources import BY_KIND, RESOURCES, Resource, lookup
 from .store import Store
 
+#: The scheduling gate Kueue's pod integration puts on a queued pod until it is admitted.
+KUEUE_GATE = {"name": "kueue.x-k8s.io/admission"}
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 #: Priority classes every cluster has.
@@ -121,10 +123,23 @@ class Admission:
         if hook:
             hook(obj)
 
+    def _queued_in_kueue(self, obj: JSON) -> bool:
+        """Labelled for a Kueue LocalQueue while Kueue runs (some ClusterQueue exists)."""
+        kueue = lookup("kueue.x-k8s.io", "v1beta2", "clusterqueues")
+        return bool((obj["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+                    and kueue is not None and self.store.list(kueue, None))
+
     def _create_pods(self, pod: JSON) -> None:
         spec = pod.setdefault("spec", {})
         name = pod["metadata"]["name"]
         default_pod_spec(spec)
+        if self._queued_in_kueue(pod) and not pod["metadata"].get("ownerReferences"):
+            # Kueue's pod integration (its webhook): a queued plain pod (a notebook) is
+            # gated until Kueue admits it from its ClusterQueue's quota.
+            gates = spec.setdefault("schedulingGates", [])
+            if KUEUE_GATE not in gates:
+                gates.append(KUEUE_GATE)
+            pod["metadata"].setdefault("labels", {})["kueue.x-k8s.io/managed"] = "true"
         sa = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
         spec["serviceAccountName"] = spec["serviceAccount"] = sa
         ns = pod["metadata"]["namespace"]
@@ -174,9 +189,7 @@ class Admission:
         spec.setdefault("completionMode", "NonIndexed")
         spec.setdefault("backoffLimit", 6)
         spec.setdefault("suspend", False)
-        kueue = lookup("kueue.x-k8s.io", "v1beta2", "clusterqueues")
-        if ((job["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name")
-                and kueue is not None and self.store.list(kueue, None)):
+        if self._queued_in_kueue(job):
             spec["suspend"] = True  # Kueue's mutating webhook: queued Jobs start suspended
         spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
         spec.setdefault("manualSelector", False)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from . import resources
+from . import kueue_visibility, resources
 from .admission import BUILTIN_PRIORITY_CLASSES, Admission, Refused
 from .faults import Fault, Faults, InjectedFault, fault_response
 from .http_errors import ApiError, error_response, not_found, success
@@ -175,6 +175,8 @@ class Emulator:
                                                  f'{request.method.lower()} path '
                                                  f'"{request.path}"')
             return web.json_response(simple)
+        if parts[:3] == ["apis", kueue_visibility.GROUP, kueue_visibility.VERSION]:
+            return self._visibility(user, client, parts[3:], request.method)
         if parts[:1] == ["api"] and len(parts) >= 3 and parts[1] == "v1":
             group, version, rest = "", "v1", parts[2:]
         elif parts[:1] == ["apis"] and len(parts) >= 4:
@@ -271,6 +273,32 @@ class Emulator:
         self._after_write(res, namespace)
         return web.json_response({"kind": f"{res.kind}List", "apiVersion": res.api_version,
                                   "metadata": {}, "items": items})
+
+    def _visibility(self, user: Any, client: str, rest: list[str], method: str
+                    ) -> web.StreamResponse:
+        """Kueue's visibility API (:mod:`.kueue_visibility`), authorized like any request:
+        ``get`` on ``localqueues/pendingworkloads`` (or ``clusterqueues/...``)."""
+        if len(rest) == 5 and rest[0] == "namespaces" and rest[2] == "localqueues" \
+                and rest[4] == "pendingworkloads":
+            namespace, resource, name = rest[1], "localqueues", rest[3]
+        elif len(rest) == 3 and rest[0] == "clusterqueues" and rest[2] == "pendingworkloads":
+            namespace, resource, name = "", "clusterqueues", rest[1]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if method != "GET":
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+        attrs = Request("get", kueue_visibility.GROUP, resource, "pendingworkloads",
+                        namespace, name)
+        if not self.rbac.authorize(user, attrs):
+            raise ApiError(403, "Forbidden", forbidden_message(user, attrs),
+                           {"name": name, "group": kueue_visibility.GROUP, "kind": resource})
+        self.counters.add(client, "get", f"{resource}/pendingworkloads")
+        summary = (kueue_visibility.local_queue_pending(self.store, namespace, name)
+                   if namespace else kueue_visibility.cluster_queue_pending(self.store, name))
+        if summary is None:
+            raise ApiError(404, "NotFound", f'{resource}.kueue.x-k8s.io "{name}" not found',
+                           {"name": name, "group": "kueue.x-k8s.io", "kind": resource})
+        return web.json_response(summary)
 
     @staticmethod
     async def _inject(fault: Fault, request: web.Request,

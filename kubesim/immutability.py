@@ -38,7 +38,13 @@ def _defaulted_pod_spec(new: JSON, old: JSON) -> JSON:
 
 def check_pod_update(old: JSON, new: JSON) -> None:
     spec = _defaulted_pod_spec(new.get("spec") or {}, old.get("spec") or {})
-    if _pod_spec_view(spec) != _pod_spec_view(old.get("spec") or {}):
+    view, old_view = _pod_spec_view(spec), _pod_spec_view(old.get("spec") or {})
+    if (old.get("spec") or {}).get("schedulingGates"):
+        # A gated pod's scheduling directives may still change (Kueue's flavor assignment).
+        for key in ("nodeSelector", "affinity"):
+            view.pop(key, None)
+            old_view.pop(key, None)
+    if view != old_view:
         raise Invalid("spec", "Forbidden: pod updates may not change fields other than "
                               "`spec.containers[*].image`, `spec.initContainers[*].image`, "
                               "`spec.activeDeadlineSeconds`, `spec.tolerations` (only "

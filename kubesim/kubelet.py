@@ -143,7 +143,8 @@ class Kubelet:
         pending = [p for p in pods if not p["spec"].get("nodeName")
                    and p["status"].get("phase") not in TERMINAL
                    and p["spec"].get("schedulerName", "default-scheduler") == "default-scheduler"
-                   and not p["metadata"].get("deletionTimestamp")]
+                   and not p["metadata"].get("deletionTimestamp")
+                   and not p["spec"].get("schedulingGates")]  # gated: not for scheduling yet
         pending.sort(key=lambda p: (-p["spec"].get("priority", 0),
                                     p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
         nodes = self.schedulable_nodes()

@@ -1,15 +1,20 @@
 """A Kueue stand-in: quota-based admission of suspended Jobs queued with the
-``kueue.x-k8s.io/queue-name`` label, the way Kueue's job integration behaves.
+``kueue.x-k8s.io/queue-name`` label, the way Kueue's job integration behaves, and of plain
+queued pods (notebooks), the way its pod integration does.
 
-For each queued Job it keeps a ``Workload`` (owned by the Job); a Workload is admitted when its
-whole pod set (parallelism x requests, all workers at once) fits the nominal quota of a flavor
-of its ClusterQueue (flavors tried in order); admission unsuspends the Job and injects the
-flavor's ``nodeLabels`` / ``tolerations`` into the pod template. Higher-priority workloads are
-admitted first and, if the ClusterQueue's ``preemption.withinClusterQueue`` is
-``LowerPriority``, evict lower-priority admitted ones (their Job is suspended again). Pending
+For each queued Job or pod it keeps a ``Workload`` (owned by it); a Workload is admitted when
+its whole pod set (parallelism x requests, all workers at once) fits the nominal quota of a
+flavor of its ClusterQueue (flavors tried in order); admission unsuspends the Job (a pod: removes
+its ``kueue.x-k8s.io/admission`` scheduling gate, which the emulator's webhook put on it) and
+injects the flavor's ``nodeLabels`` / ``tolerations``. A workload's priority is its
+``kueue.x-k8s.io/priority-class`` label's WorkloadPriorityClass value, else its pods'
+PriorityClass value. Higher-priority workloads are admitted first and, if the ClusterQueue's
+``preemption.withinClusterQueue`` is ``LowerPriority``, evict lower-priority admitted ones
+(their Job is suspended again, their pod deleted; the Workload gets ``Evicted``). Pending
 workloads carry Kueue's message (``couldn't assign flavors to pod set main: insufficient quota
-for nvidia.com/gpu in flavor a100, 2 more needed``). Not emulated: cohorts, borrowing, fair
-sharing, LimitRanges, WorkloadPriorityClasses, admission checks.
+for nvidia.com/gpu in flavor a100, 2 more needed``); their positions are served by
+:mod:`.kueue_visibility`. Not emulated: cohorts, borrowing, fair sharing, LimitRanges,
+admission checks, pod groups.
 
 Like Kueue 0.20 it serves only ``kueue.x-k8s.io/v1beta2`` (``v1beta1`` paths are 404), and the
 emulator validates every Kueue object against Kueue's own v1beta2 CRD schemas
@@ -32,6 +37,8 @@ from .validation import parse_quantity
 log = logging.getLogger(__name__)
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+GATE = "kueue.x-k8s.io/admission"
 API = "/apis/kueue.x-k8s.io/v1beta2"
 
 #: Quota used per (flavor, resource).
@@ -46,6 +53,9 @@ class KueueController:
     def __init__(self, url: str) -> None:
         self.client = HarnessClient(url, "kueue")
         self.jobs = Informer(self.client, "/apis/batch/v1/jobs", self._changed)
+        self.pods = Informer(self.client, "/api/v1/pods", self._changed)
+        self.workload_classes = Informer(self.client, f"{API}/workloadpriorityclasses",
+                                         self._changed)
         self.local = Informer(self.client, f"{API}/localqueues", self._changed)
         self.cluster = Informer(self.client, f"{API}/clusterqueues", self._changed)
         self.flavors = Informer(self.client, f"{API}/resourceflavors", self._changed)
@@ -54,11 +64,14 @@ class KueueController:
         # job uid -> (cluster queue, {resource: flavor}, usage per (flavor, resource))
         self.admitted: dict[str, tuple[str, dict[str, str], Usage]] = {}
         self._pending_msg: dict[str, str] = {}
+        #: Evicted and not admitted again: its Workload keeps ``Evicted`` while it waits.
+        self._evicted: dict[str, str] = {}
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        informers = (self.jobs, self.local, self.cluster, self.flavors, self.classes)
+        informers = (self.jobs, self.pods, self.local, self.cluster, self.flavors,
+                     self.classes, self.workload_classes)
         self._tasks = [asyncio.create_task(i.run()) for i in informers]
         self._tasks.append(asyncio.create_task(self._loop()))
         for i in informers:
@@ -84,29 +97,49 @@ class KueueController:
                 await asyncio.sleep(0.5)  # do not spin on a persistent error
                 self._dirty.set()
 
-    def _priority(self, job: JSON) -> int:
-        name = job["spec"]["template"]["spec"].get("priorityClassName")
+    def _priority_ref(self, obj: JSON) -> tuple[int, JSON | None]:
+        """The workload's priority and where it comes from (Workload ``priorityClassRef``)."""
+        wpc = (obj["metadata"].get("labels") or {}).get(PRIORITY_LABEL)
+        found = self.workload_classes.cache.get(("", wpc)) if wpc else None
+        if found is not None:
+            return int(found.get("value", 0)), {"group": "kueue.x-k8s.io",
+                                                "kind": "WorkloadPriorityClass", "name": wpc}
+        name = _pod_spec(obj).get("priorityClassName")
         pc = self.classes.cache.get(("", name)) if name else None
-        return int(pc.get("value", 0)) if pc else 0
+        if pc is None:
+            return 0, None
+        return int(pc.get("value", 0)), {"group": "scheduling.k8s.io", "kind": "PriorityClass",
+                                         "name": name}
+
+    def _priority(self, obj: JSON) -> int:
+        return self._priority_ref(obj)[0]
 
     @staticmethod
-    def _request(job: JSON) -> dict[str, Decimal]:
-        per_pod = pod_requests({"spec": job["spec"]["template"]["spec"]})
-        count = job["spec"].get("parallelism", 1)
+    def _request(obj: JSON) -> dict[str, Decimal]:
+        per_pod = pod_requests({"spec": _pod_spec(obj)})
+        count = _count(obj)
         return {k: v * count for k, v in per_pod.items() if v}
 
     def _queued(self) -> list[JSON]:
-        live = {j["metadata"]["uid"] for j in self.jobs.cache.values()}
+        everything = [*self.jobs.cache.values(), *self.pods.cache.values()]
+        live = {o["metadata"]["uid"] for o in everything}
         for uid in [u for u in self.admitted if u not in live]:
             del self.admitted[uid]
+        for uid in [u for u in self._evicted if u not in live]:
+            del self._evicted[uid]
         out = []
-        for job in self.jobs.cache.values():
-            if QUEUE_LABEL not in (job["metadata"].get("labels") or {}):
+        for obj in everything:
+            meta = obj["metadata"]
+            if QUEUE_LABEL not in (meta.get("labels") or {}):
                 continue
-            if _finished(job):
-                self.admitted.pop(job["metadata"]["uid"], None)
+            if _is_pod(obj) and meta.get("ownerReferences"):
+                continue  # a queued Job's pod: the Job is the workload
+            if _done(obj):
+                self.admitted.pop(meta["uid"], None)
                 continue
-            out.append(job)
+            if meta.get("deletionTimestamp") and meta["uid"] not in self.admitted:
+                continue
+            out.append(obj)
         return out
 
     def _usage(self, cq: str) -> Usage:
@@ -183,7 +216,7 @@ class KueueController:
             return None
         prio = self._priority(job)
         name = cq["metadata"]["name"]
-        candidates = sorted((j for j in self.jobs.cache.values()
+        candidates = sorted((j for j in [*self.jobs.cache.values(), *self.pods.cache.values()]
                              if self.admitted.get(j["metadata"]["uid"], ("",))[0] == name
                              and self._priority(j) < prio),
                             key=lambda j: (self._priority(j),
@@ -200,20 +233,29 @@ class KueueController:
 
     async def _workload(self, job: JSON, status: JSON) -> None:
         meta = job["metadata"]
-        name = f"job-{meta['name']}-{meta['uid'][:5]}"
+        pod = _is_pod(job)
+        name = f"{'pod' if pod else 'job'}-{meta['name']}-{meta['uid'][:5]}"
         path = f"{API}/namespaces/{meta['namespace']}/workloads/{name}"
+        priority, ref = self._priority_ref(job)
+        template = ({"metadata": {"labels": meta.get("labels") or {}},
+                     "spec": {k: v for k, v in job["spec"].items() if k != "nodeName"}}
+                    if pod else job["spec"]["template"])
+        spec: JSON = {"queueName": meta["labels"][QUEUE_LABEL], "priority": priority,
+                      "podSets": [{"name": "main", "count": _count(job),
+                                   "template": template}]}
+        if ref is not None:
+            spec["priorityClassRef"] = ref
+        owner = {"apiVersion": "v1", "kind": "Pod"} if pod else {"apiVersion": "batch/v1",
+                                                                   "kind": "Job"}
         body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
                 "metadata": {"name": name, "namespace": meta["namespace"],
-                             "labels": {"kueue.x-k8s.io/job-uid": meta["uid"]},
-                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                             "labels": {f"kueue.x-k8s.io/{'pod' if pod else 'job'}-uid":
+                                        meta["uid"]},
+                             "ownerReferences": [{**owner,
                                                   "name": meta["name"], "uid": meta["uid"],
                                                   "controller": True,
                                                   "blockOwnerDeletion": True}]},
-                "spec": {"queueName": meta["labels"][QUEUE_LABEL],
-                         "priority": self._priority(job),
-                         "podSets": [{"name": "main",
-                                      "count": job["spec"].get("parallelism", 1),
-                                      "template": job["spec"]["template"]}]}}
+                "spec": spec}
         try:
             await self.client.create(f"{API}/namespaces/{meta['namespace']}/workloads", body)
         except ApiFailure as exc:
@@ -231,15 +273,18 @@ class KueueController:
         if self._pending_msg.get(uid) == message:
             return
         self._pending_msg[uid] = message
-        await self._workload(job, {"conditions": [
-            self._condition("QuotaReserved", "False", "Pending", message)]})
+        conditions = [self._condition("QuotaReserved", "False", "Pending", message)]
+        if uid in self._evicted:
+            conditions.insert(0, self._condition("Evicted", "True", "Preempted",
+                                                 self._evicted[uid]))
+        await self._workload(job, {"conditions": conditions})
 
     async def _admit(self, job: JSON, cq: str, flavors: dict[str, str], usage: Usage) -> None:
         uid = job["metadata"]["uid"]
         self.admitted[uid] = (cq, flavors, usage)
         self._pending_msg.pop(uid, None)
-        template = copy.deepcopy(job["spec"]["template"])
-        pod_spec = template["spec"]
+        self._evicted.pop(uid, None)
+        pod_spec = copy.deepcopy(_pod_spec(job))
         for flavor_name in sorted(set(flavors.values())):
             flavor = self.flavors.cache.get(("", flavor_name)) or {"spec": {}}
             if flavor["spec"].get("nodeLabels"):
@@ -253,15 +298,22 @@ class KueueController:
         await self._workload(job, {
             "admission": {"clusterQueue": cq, "podSetAssignments": [
                 {"name": "main", "flavors": flavors, "resourceUsage": resource_usage,
-                 "count": job["spec"].get("parallelism", 1)}]},
+                 "count": _count(job)}]},
             "conditions": [self._condition("QuotaReserved", "True", "QuotaReserved",
                                            f"Quota reserved in ClusterQueue {cq}"),
                            self._condition("Admitted", "True", "Admitted",
                                            "The workload is admitted")]})
+        if _is_pod(job):
+            gates = [g for g in pod_spec.get("schedulingGates") or [] if g.get("name") != GATE]
+            patch: JSON = {"spec": {"schedulingGates": gates, **{
+                k: pod_spec[k] for k in ("nodeSelector", "tolerations") if k in pod_spec}}}
+        else:
+            template = copy.deepcopy(job["spec"]["template"])
+            template["spec"] = pod_spec
+            patch = {"spec": {"suspend": False, "template": template}}
         try:
-            await self.client.request("PATCH", path_of(job), {"spec": {
-                "suspend": False, "template": template}},
-                content_type="application/merge-patch+json")
+            await self.client.request("PATCH", path_of(job), patch,
+                                      content_type="application/merge-patch+json")
         except ApiFailure as exc:
             self.admitted.pop(uid, None)
             if exc.status != 404:
@@ -273,8 +325,35 @@ class KueueController:
         message = (f"Preempted to accommodate a workload (UID: {by['metadata']['uid']}) "
                    "due to prioritization in the ClusterQueue")
         self._pending_msg[uid] = message
+        self._evicted[uid] = message
         await self._workload(victim, {"conditions": [
             self._condition("Evicted", "True", "Preempted", message),
             self._condition("QuotaReserved", "False", "Pending", message)]})
-        await self.client.request("PATCH", path_of(victim), {"spec": {"suspend": True}},
-                                  content_type="application/merge-patch+json")
+        try:
+            if _is_pod(victim):  # a plain pod stops by going away
+                await self.client.request("DELETE", path_of(victim))
+            else:
+                await self.client.request("PATCH", path_of(victim), {"spec": {"suspend": True}},
+                                          content_type="application/merge-patch+json")
+        except ApiFailure as exc:
+            if exc.status != 404:
+                raise
+
+
+def _is_pod(obj: JSON) -> bool:
+    return "template" not in (obj.get("spec") or {})
+
+
+def _pod_spec(obj: JSON) -> JSON:
+    spec: JSON = obj["spec"] if _is_pod(obj) else obj["spec"]["template"]["spec"]
+    return spec
+
+
+def _count(obj: JSON) -> int:
+    return 1 if _is_pod(obj) else int(obj["spec"].get("parallelism", 1))
+
+
+def _done(obj: JSON) -> bool:
+    if _is_pod(obj):
+        return (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    return _finished(obj) is not None

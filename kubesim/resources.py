@@ -65,6 +65,8 @@ RESOURCES: tuple[Resource, ...] = (
              has_status=True),
     Resource(KUEUE, "v1beta2", "resourceflavors", "ResourceFlavor", namespaced=False),
     Resource(KUEUE, "v1beta2", "workloads", "Workload", has_status=True),
+    Resource(KUEUE, "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass",
+             namespaced=False),
 )
 
 BY_PATH: dict[tuple[str, str, str], Resource] = {

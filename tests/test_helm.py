@@ -41,12 +41,12 @@ from tests.test_hub_kube_config import (
 )
 
 VALUE_SETS = {"minimal": "minimal", "gpu-example": "example", "every-option": "options"}
-KUEUE_KINDS = {"ResourceFlavor", "ClusterQueue", "LocalQueue"}
+KUEUE_KINDS = {"ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass"}
 #: Custom resources (no schema in kubernetes-validate): Kueue's (checked against Kueue's own
 #: CRD schema instead), prometheus-operator's and the Gateway API's.
 CRD_KINDS = KUEUE_KINDS | {"ServiceMonitor", "HTTPRoute"}
 #: The only cluster-scoped objects the chart may create.
-CLUSTER_SCOPED = {"PriorityClass", "ResourceFlavor", "ClusterQueue"}
+CLUSTER_SCOPED = {"PriorityClass", "ResourceFlavor", "ClusterQueue", "WorkloadPriorityClass"}
 
 
 PC = cluster_prefix()
@@ -143,6 +143,9 @@ def kueue_errors(obj: dict[str, Any]) -> list[str]:
     ({"notebooks": {"profiles": [{"slug": "x", "displayName": "X", "gpu": 1}]}}, "gpu"),
     ({"gpuTypes": [{"name": "a100", "product": "A", "maxPerNode": 8, "quotaa": 1}]}, "quotaa"),
     ({"kueue": {"enabled": True, "preemption": "Always"}}, "preemption"),
+    ({"kueue": {"enabled": True, "fairSharingWeight": "a lot"}}, "fairSharingWeight"),
+    ({"kueue": {"enabled": True, "reclaimWithinCohort": "Sometimes"}}, "reclaimWithinCohort"),
+    ({"sweeps": {"unschedulableTimeout": "forever"}}, "unschedulableTimeout"),
     ({"data": {"size": "lots"}}, "size"),
 ])
 def test_misspelled_value_fails_with_its_name(typo: dict[str, Any], key: str) -> None:
@@ -184,7 +187,10 @@ def test_rbac_is_namespaced_and_minimal() -> None:
     granted = {(g, r) for rule in tuner["rules"] for g in rule["apiGroups"]
                for r in rule["resources"]}
     assert granted == {("batch", "jobs"), ("", "pods"), ("", "pods/log"), ("", "events"),
-                       ("", "services"), ("", "secrets"), ("networking.k8s.io", "networkpolicies")}
+                       ("", "services"), ("", "secrets"), ("networking.k8s.io", "networkpolicies"),
+                       # Kueue on: its Workloads (watched) and the queue's positions
+                       ("kueue.x-k8s.io", "workloads"),
+                       ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads")}
     # No Secret is readable nor changeable, not even the tuner's own (the verbs actually used
     # are checked against these Roles by the Kubernetes-mode tests, which run under them).
     secrets = [rule for rule in tuner["rules"] if "secrets" in rule["resources"]]
@@ -435,20 +441,67 @@ def test_kueue_objects_are_current_kueue_api_field_by_field() -> None:
     assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"]
 
 
+def test_kueue_orders_notebooks_above_sweeps_and_shares_between_teams() -> None:
+    """Workload priorities follow the PriorityClass values (notebooks above every sweep,
+    sweeps by priority) and label what the tuner queues; preemption inside the team's
+    ClusterQueue and fair sharing across its cohort are values, valid for Kueue's CRDs."""
+    values = example_values()
+    values["kueue"].update(preemption="LowerPriority", cohortName="research-gpus",
+                           reclaimWithinCohort="LowerPriority",
+                           borrowWithinCohort="LowerPriority", fairSharingWeight="2.5")
+    objects = render(values)
+    classes = {o["metadata"]["name"]: o["value"] for o in objects
+               if o["kind"] == "WorkloadPriorityClass"}
+    assert classes == {f"{PC}-notebook-1000": 1000, f"{PC}-sweep-high-500": 500,
+                       f"{PC}-sweep-normal-100": 100, f"{PC}-sweep-low-10": 10}
+    for obj in objects:
+        if obj["kind"] in KUEUE_KINDS:
+            assert kueue_errors(obj) == [], obj
+    cq = find(objects, "ClusterQueue", PC)
+    assert cq["spec"]["cohortName"] == "research-gpus"
+    assert cq["spec"]["preemption"] == {"withinClusterQueue": "LowerPriority",
+                                        "reclaimWithinCohort": "LowerPriority",
+                                        "borrowWithinCohort": {"policy": "LowerPriority"}}
+    assert cq["spec"]["fairSharing"] == {"weight": "2.5"}
+    tuner_env = {e["name"]: e.get("value") for e in
+                 pod_specs(objects)[f"{RELEASE}-tuner"]["containers"][0]["env"]}
+    assert json.loads(tuner_env["TUNEHUB_K8S_WORKLOAD_PRIORITY_CLASSES"]) == {
+        "high": f"{PC}-sweep-high-500", "normal": f"{PC}-sweep-normal-100",
+        "low": f"{PC}-sweep-low-10"}
+    assert tuner_env["TUNEHUB_K8S_CLUSTER_QUEUE"] == PC
+    assert tuner_env["TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT"] == ""  # trials wait by default
+    # Defaults: no fair-sharing weight, no borrowing by preemption.
+    default_cq = find(render(example_values()), "ClusterQueue", PC)
+    assert "fairSharing" not in default_cq["spec"]
+    assert default_cq["spec"]["preemption"] == {"withinClusterQueue": "LowerPriority",
+                                                "reclaimWithinCohort": "Any"}
+    # Kueue refuses what it would refuse: a borrowing policy it does not know.
+    bad = {**cq, "spec": {**cq["spec"], "preemption": {"withinClusterQueue": "Always"}}}
+    assert kueue_errors(bad)
+
+
 def test_existing_cluster_queue_mode_creates_only_a_local_queue(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     values = example_values()
     values["kueue"] = {"enabled": True, "existingClusterQueue": "gpu-pool",
                        "queueNotebooks": True}
     objects, _, c = rendered_hub_config(values, tmp_path, monkeypatch)
-    kueue = [o for o in objects if o["kind"] in KUEUE_KINDS]
+    kueue = [o for o in objects if o["kind"] in KUEUE_KINDS - {"WorkloadPriorityClass"}]
     assert [(o["kind"], o["metadata"]["name"]) for o in kueue] == [("LocalQueue", RELEASE)]
     assert kueue[0]["spec"] == {"clusterQueue": "gpu-pool"}
     tuner_env = {e["name"]: e.get("value") for e in
                  pod_specs(objects)[f"{RELEASE}-tuner"]["containers"][0]["env"]}
     assert tuner_env["TUNEHUB_K8S_QUEUE"] == RELEASE
-    # Notebooks queued in the same LocalQueue: their GPUs count against the same pool.
-    assert c.TunehubKubeSpawner.extra_labels == {"kueue.x-k8s.io/queue-name": RELEASE}
+    # Notebooks queued in the same LocalQueue: their GPUs count against the same pool, and
+    # their workload priority is above every sweep's.
+    assert c.TunehubKubeSpawner.extra_labels == {
+        "kueue.x-k8s.io/queue-name": RELEASE,
+        "kueue.x-k8s.io/priority-class": f"{PC}-notebook-1000"}
+    assert tuner_env["TUNEHUB_K8S_CLUSTER_QUEUE"] == "gpu-pool"
+    assert c.TunehubKubeSpawner.kueue_cluster_queue == "gpu-pool"  # named on the spawn page
+    hub_role = find(objects, "Role", f"{RELEASE}-hub")
+    assert {"apiGroups": ["visibility.kueue.x-k8s.io"], "verbs": ["get"],
+            "resources": ["localqueues/pendingworkloads"]} in hub_role["rules"]
 
 
 def test_emulated_kueue_serves_v1beta2_only_and_takes_the_charts_objects(kube: Any) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("clusterqueues", "localqueues", "resourceflavors", "workloads")
+KINDS = ("clusterqueues", "localqueues", "resourceflavors", "workloads",
+         "workloadpriorityclasses")
 VERSION = "v1beta2"
 
 

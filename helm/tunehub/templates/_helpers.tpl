@@ -110,6 +110,17 @@ one makes a new class instead of a patch `helm upgrade` would fail on.
 {{- end -}}
 {{- end -}}
 
+{{/*
+The Kueue WorkloadPriorityClass of a role (notebook, sweepHigh, sweepNormal, sweepLow): always the
+chart's own, <clusterPrefix>-<role>-<value> (cluster-scoped), with the role's PriorityClass value,
+so Kueue orders notebooks above sweeps and sweeps by priority whatever classes the pods use.
+(dict "ctx" . "role" "notebook")
+*/}}
+{{- define "tunehub.workloadPriorityClass" -}}
+{{- $pc := index .ctx.Values.priorityClasses .role -}}
+{{- printf "%s-%s-%d" (include "tunehub.clusterPrefix" .ctx) (.role | kebabcase) (int $pc.value) -}}
+{{- end -}}
+
 {{/* Kueue names: the created ClusterQueue carries the cluster prefix (namespace and release);
 the LocalQueue is namespaced and carries the fullname. */}}
 {{- define "tunehub.clusterQueue" -}}

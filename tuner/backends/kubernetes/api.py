@@ -24,6 +24,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tunehub_base.gpu_names import GpuNames
+from tuner.backends.kubernetes import kueue
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.errors import TunehubError
 
@@ -145,6 +146,7 @@ class Kube:
         self.core = client.CoreV1Api(api)
         self.scheduling = client.SchedulingV1Api(api)
         self.networking = client.NetworkingV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
 
     async def close(self) -> None:
         await self.api.close()
@@ -261,7 +263,28 @@ class Kube:
             "jobs": self.batch.list_namespaced_job,
             "pods": self.core.list_namespaced_pod,
             "events": self.core.list_namespaced_event,
+            "workloads": self._list_workloads,
         }[kind]
+
+    def _list_workloads(self, namespace: str, **kwargs: Any) -> Any:
+        """Kueue's Workloads, called as the core listers are (namespace first)."""
+        return self.custom.list_namespaced_custom_object(
+            kueue.API_GROUP, kueue.API_VERSION, namespace, "workloads", **kwargs)
+
+    async def pending_workloads(self, local_queue: str) -> dict[str, Any] | None:
+        """Kueue's visibility API: the LocalQueue's pending workloads with their positions
+        (``PendingWorkloadsSummary``); None when it is not served or not allowed."""
+        path = (f"/apis/{kueue.VISIBILITY_GROUP}/{kueue.VISIBILITY_VERSION}/namespaces/"
+                "{namespace}/localqueues/{name}/pendingworkloads")
+        try:
+            return await self._json(self.api.call_api(
+                path, "GET", {"namespace": self.ns, "name": local_queue},
+                header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+                _return_http_data_only=True, _preload_content=False))
+        except ApiException as exc:
+            if exc.status in (401, 403, 404, 503):
+                return None
+            raise
 
     @staticmethod
     def _selectors(selector: str, fields: str | None) -> dict[str, str]:

@@ -30,6 +30,7 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tuner.backends._base import Backend, TrialEvent, TrialLaunch
+from tuner.backends.kubernetes import kueue
 from tuner.backends.kubernetes import manifests as m
 from tuner.backends.kubernetes.api import (
     ClusterUnavailable,
@@ -50,6 +51,9 @@ from tuner.spec import Resources, SweepSpec
 log = logging.getLogger("tunehub.backends.kubernetes")
 
 START_TIMEOUT = 60.0
+#: Seconds a Job Kueue suspended waits for its Workload's Evicted condition (the reason)
+#: before its attempt ends preempted without it.
+EVICTION_WAIT = 30.0
 #: The Job controller's Events for pods it cannot create (quota, Pod Security, ...).
 FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
 #: Refusals of a trial's pod that no waiting fixes (the pod spec itself is at fault): the
@@ -68,6 +72,10 @@ class _Attempt:
     stop_reason: str | None = None
     pod_reason: str | None = None
     waiting: str | None = None  # why its pods cannot be created yet (last reported)
+    workload: dict[str, Any] | None = None  # its Kueue Workload, as last watched
+    evicted: str | None = None  # Kueue evicted it (the Workload's message): it is preempted
+    last_job: dict[str, Any] | None = None  # its Job, as last watched
+    eviction_wait: asyncio.TimerHandle | None = None  # suspended: Kueue's word awaited
     pods: set[str] = field(default_factory=set)
     unschedulable: asyncio.TimerHandle | None = None
 
@@ -86,6 +94,11 @@ class KubernetesBackend(Backend):
         self._held: dict[str, deque[TrialLaunch]] = {}  # over the per-user cap, by owner
         self._watches: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: A Workload changed: queue positions may have moved (see :meth:`_follow_queue`).
+        self._queue_moved = asyncio.Event()
+        #: The namespace's Kueue Workloads by the name of their Job, as last watched: an
+        #: attempt adopted after a restart finds what Kueue said of it meanwhile.
+        self._workloads: dict[str, dict[str, Any]] = {}
 
     @classmethod
     def from_env(cls) -> KubernetesBackend:
@@ -133,8 +146,15 @@ class KubernetesBackend(Backend):
                 "may not watch Events: trials waiting for their pods (quota, Pod Security) "
                 "cannot say why")),
         ]
+        if self.settings.queue:
+            watches.append(Watch(self.kube, "workloads", ("", None), self._on_workload,
+                                 if_forbidden=("may not watch Kueue Workloads: trials waiting "
+                                               "in the queue cannot say why, and one Kueue "
+                                               "evicts is not known as preempted")))
         loop = asyncio.get_running_loop()
         self._watches = [loop.create_task(w.run(), name=f"k8s-watch-{w.kind}") for w in watches]
+        if self.settings.queue:
+            self._watches.append(loop.create_task(self._follow_queue(), name="k8s-kueue-queue"))
         error = ""
         try:
             await asyncio.wait_for(
@@ -155,8 +175,9 @@ class KubernetesBackend(Backend):
         await asyncio.gather(*self._watches, *self._tasks, return_exceptions=True)
         self._watches.clear()
         for att in self._attempts.values():
-            if att.unschedulable is not None:
-                att.unschedulable.cancel()
+            for timer in (att.unschedulable, att.eviction_wait):
+                if timer is not None:
+                    timer.cancel()
         if self.kube is not None:
             await self.kube.close()
             self.kube = None
@@ -261,6 +282,8 @@ class KubernetesBackend(Backend):
         att.done = True
         if att.unschedulable is not None:
             att.unschedulable.cancel()
+        if att.eviction_wait is not None:
+            att.eviction_wait.cancel()
         if kind == EventKind.SUCCEEDED or att.stop_reason is None:
             try:
                 await save_log(self._api(), att.job, m.selector(self.settings), att.pods,
@@ -307,7 +330,16 @@ class KubernetesBackend(Backend):
         if att is None or att.done:
             return
         att.confirmed = True
+        att.last_job = job
+        if att.workload is None and att.job in self._workloads:
+            await self._on_workload(self._workloads[att.job])  # adopted: what Kueue said
+            if att.done:
+                return
         outcome = job_outcome(job)
+        if outcome is None and (job.get("spec") or {}).get("suspend") and (
+                att.started or att.evicted):
+            await self._on_evicted(att, job)
+            return
         if outcome is not None:
             kind, reason = outcome
             if kind == EventKind.FAILED and "DeadlineExceeded" not in reason:
@@ -317,7 +349,99 @@ class KubernetesBackend(Backend):
             await self._finish(att, EventKind.FAILED, att.stop_reason or "its Job was deleted")
         elif job_started(job) and not att.started:
             att.started = True
+            att.waiting = None  # what it waited for (quota, Kueue) is over
             await self._emit(att.launch, EventKind.STARTED)
+
+    # --- Kueue ---------------------------------------------------------------------------
+
+    async def _on_evicted(self, att: _Attempt, job: dict[str, Any], late: bool = False
+                          ) -> None:
+        """Kueue suspended the running Job again (evicted: a higher-priority workload or
+        a notebook took its quota). Once its pods are gone (SIGTERM, the grace period: the
+        trial saves a checkpoint), the Job is deleted so that Kueue does not run this attempt
+        again beside the next one, and the attempt ends ``preempted``: the trial goes back
+        to the queue with its number and parameters, not failed, no retry used."""
+        status = job.get("status") or {}
+        if att.done or status.get("active") or status.get("terminating"):
+            return  # its pods are still stopping
+        why = att.evicted or (kueue.eviction(att.workload) if att.workload else None)
+        if why is None and not late and self.settings.queue:
+            # Kueue's word (the Workload's Evicted condition) is on another watch and may
+            # come after the Job's: wait for it (_on_workload), not longer than this.
+            if att.eviction_wait is None:
+                att.eviction_wait = asyncio.get_running_loop().call_later(
+                    EVICTION_WAIT, lambda: self._in_task(
+                        self._on_evicted(att, att.last_job or job, late=True)))
+            return
+        if att.eviction_wait is not None:
+            att.eviction_wait.cancel()
+        reason = (f"preempted: Kueue evicted it ({why or 'its Job was suspended'}); it "
+                  "resumes from its last checkpoint")
+        att.stop_reason = reason  # its pods are gone: no log to read
+        try:
+            await self._api().delete_job(att.job)
+        except Exception as exc:  # its TTL or cleanup() removes it later
+            log.warning("deleting evicted Job %s: %s", att.job, describe(exc))
+        await self._finish(att, EventKind.PREEMPTED, reason)
+
+    async def _on_workload(self, workload: dict[str, Any], deleted: bool = False) -> None:
+        """Kueue's Workload of an attempt's Job: an eviction is remembered for the Job's
+        suspension (:meth:`_on_evicted`); any change may move the queue's positions."""
+        self._queue_moved.set()
+        job = kueue.workload_job(workload)
+        if job is None:
+            return  # a notebook's
+        if deleted:
+            self._workloads.pop(job, None)
+            return
+        self._workloads[job] = workload
+        att = self._attempts.get(job)
+        if att is None or att.done:
+            return
+        att.workload = workload
+        evicted = kueue.eviction(workload)
+        if evicted and not att.evicted:
+            att.evicted = evicted
+            suspended = att.last_job is not None and (att.last_job.get("spec") or {}).get(
+                "suspend")
+            if suspended and job_outcome(att.last_job or {}) is None:
+                await self._on_evicted(att, att.last_job or {})
+
+    async def _follow_queue(self) -> None:
+        """Each waiting attempt's reason, with its place in the queue: after Workloads change,
+        one read of the visibility API for the LocalQueue (the positions are not watchable)."""
+        queue = (f"ClusterQueue {self.settings.cluster_queue}" if self.settings.cluster_queue
+                 else f"LocalQueue {self.settings.queue}")
+        while True:
+            await self._queue_moved.wait()
+            self._queue_moved.clear()
+            try:
+                await self._tell_places(queue)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad answer must not end the reasons of every trial
+                log.exception("telling waiting trials their place in the queue")
+
+    async def _tell_places(self, queue: str) -> None:
+        """The reason of each attempt waiting in Kueue, with its position."""
+        waiting = [a for a in self._attempts.values() if not a.done and not a.started
+                   and a.workload is not None
+                   and kueue.waiting_reason(a.workload, queue, None) is not None]
+        if not waiting:
+            return
+        try:
+            summary = await self._api().pending_workloads(self.settings.queue)
+        except Exception as exc:  # positions are a nicety: say why without them
+            log.warning("reading Kueue's pending workloads: %s", describe(exc))
+            summary = None
+        places = kueue.positions(summary) if summary is not None else {}
+        for att in waiting:
+            if att.done or att.started or att.workload is None:
+                continue
+            reason = kueue.waiting_reason(att.workload, queue, places.get(att.job))
+            if reason is not None and reason != att.waiting:
+                att.waiting = reason
+                await self._emit(att.launch, EventKind.WAITING, reason)
 
     async def _pod_reason(self, att: _Attempt) -> str | None:
         """The Job failed before the pod watch told us why: read its pods once."""
@@ -360,14 +484,28 @@ class KubernetesBackend(Backend):
             if att.unschedulable is not None:
                 att.unschedulable.cancel()
                 att.unschedulable = None
+            if att.waiting and (pod.get("status") or {}).get("phase") == "Running":
+                att.waiting = None  # it waited for a node: started again, the reason cleared
+                await self._emit(att.launch, EventKind.STARTED)
             return
-        if problem.kind == "fatal" or self.settings.unschedulable_timeout <= 0:
+        timeout = self.settings.unschedulable_timeout
+        if problem.kind == "fatal" or timeout == 0:
             await self._stop(att, problem.reason)
+        elif timeout is None:  # it waits its turn, and says why
+            reason = f"waiting: {problem.reason}"
+            if reason != att.waiting:
+                att.waiting = reason
+                await self._emit(att.launch, EventKind.WAITING, reason)
         elif att.unschedulable is None:
             att.unschedulable = asyncio.get_running_loop().call_later(
-                self.settings.unschedulable_timeout, self._unschedulable_expired, att,
-                f"{problem.reason} (waited {self.settings.unschedulable_timeout:g}s)",
+                timeout, self._unschedulable_expired, att,
+                f"{problem.reason} (waited {timeout:g}s)",
             )
+
+    def _in_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _unschedulable_expired(self, att: _Attempt, reason: str) -> None:
         task = asyncio.get_running_loop().create_task(self._stop(att, reason))

@@ -32,6 +32,7 @@ OWNER_ANNOTATION = "tunehub.io/owner"
 GPUS_ANNOTATION = "tunehub.io/gpus"
 LOG_ANNOTATION = "tunehub.io/log-path"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 TF_PORT = 2222
 #: A release name used as it is in object names: a DNS-1035 label short enough to leave room
@@ -170,8 +171,12 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     meta_labels = labels(settings, launch)
     if settings.queue:
         meta_labels[QUEUE_LABEL] = settings.queue
+        workload_class = settings.workload_priority_classes.get(launch.priority)
+        if workload_class:
+            meta_labels[PRIORITY_LABEL] = workload_class  # Kueue orders and preempts by it
     pod_labels = {**meta_labels, **settings.pod_labels}
-    pod_labels.pop(QUEUE_LABEL, None)
+    pod_labels.pop(QUEUE_LABEL, None)  # the Job is the workload, not its pods
+    pod_labels.pop(PRIORITY_LABEL, None)
     relative_to_data(settings, launch.workdir)
     env: list[dict[str, Any]] = [
         {"name": k, "value": v} for k, v in sorted(launch.env.items()) if k != ENV_TOKEN

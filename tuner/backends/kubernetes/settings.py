@@ -29,8 +29,14 @@ cluster, set them yourself and point ``KUBECONFIG`` at a cluster.
                                      the chart's ``gpuNames``)
 ``TUNEHUB_K8S_QUEUE``                Kueue LocalQueue; set: Jobs start suspended with
                                      ``kueue.x-k8s.io/queue-name`` (default: none)
+``TUNEHUB_K8S_CLUSTER_QUEUE``        the LocalQueue's ClusterQueue, named in a waiting
+                                     trial's reason (default: the LocalQueue is named)
 ``TUNEHUB_K8S_PRIORITY_CLASSES``     JSON ``{"low": ..., "normal": ..., "high": ...}``
                                      (default ``tunehub-sweep-<priority>``)
+``TUNEHUB_K8S_WORKLOAD_PRIORITY_CLASSES`` the same for Kueue's WorkloadPriorityClasses: a
+                                     queued Job carries ``kueue.x-k8s.io/priority-class``
+                                     (default: none, Kueue then orders by the
+                                     PriorityClass value)
 ``TUNEHUB_K8S_POD_LABELS``           JSON map of extra labels on trial pods
                                      (e.g. for NetworkPolicies)
 ``TUNEHUB_K8S_MAX_GPUS_PER_USER``    GPUs one user's trials may hold at once (0: no cap)
@@ -46,8 +52,9 @@ cluster, set them yourself and point ``KUBECONFIG`` at a cluster.
                                      chart's ``fsGroup``) to hand it the trial's directory
 ``TUNEHUB_K8S_TTL_SECONDS``          ``ttlSecondsAfterFinished`` (default 3600)
 ``TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT`` seconds a pod may stay unschedulable before the
-                                     attempt fails with the scheduler's message (default
-                                     300; 0 fails at once)
+                                     attempt fails with the scheduler's message (0 fails
+                                     at once); unset or empty (the default): it waits
+                                     its turn, with the scheduler's message as its reason
 ``TUNEHUB_K8S_INSTANCE``             ``app.kubernetes.io/instance`` (default ``tunehub``)
 ``TUNEHUB_K8S_EPHEMERAL_STORAGE``    ephemeral-storage request and limit of a trial pod, so
                                      one trial filling the node's disk is evicted alone
@@ -94,6 +101,8 @@ class KubeSettings:
     gpu_types: tuple[GpuType, ...] = ()
     gpu_names: GpuNames = GpuNames()
     queue: str = ""
+    cluster_queue: str = ""
+    workload_priority_classes: Mapping[str, str] = field(default_factory=dict)
     priority_classes: Mapping[str, str] = field(
         default_factory=lambda: {p: f"tunehub-sweep-{p}" for p in PRIORITIES}
     )
@@ -106,7 +115,8 @@ class KubeSettings:
     run_as_user: int = 1000
     run_as_group: int = 100
     ttl_seconds: int = 3600
-    unschedulable_timeout: float = 300.0
+    #: None: an unschedulable pod waits (its attempt says why) until the cluster has room
+    unschedulable_timeout: float | None = None
     instance: str = "tunehub"
     ephemeral_storage: str = ""
     kubeconfig: str | None = None
@@ -143,6 +153,8 @@ class KubeSettings:
             gpu_types=_gpu_types(env.get("TUNEHUB_K8S_GPU_TYPES", "")),
             gpu_names=GpuNames.from_env(env),
             queue=env.get("TUNEHUB_K8S_QUEUE", ""),
+            cluster_queue=env.get("TUNEHUB_K8S_CLUSTER_QUEUE", ""),
+            workload_priority_classes=_json_map(env, "TUNEHUB_K8S_WORKLOAD_PRIORITY_CLASSES"),
             priority_classes=classes,
             pod_labels=_json_map(env, "TUNEHUB_K8S_POD_LABELS"),
             max_gpus_per_user=_int(env, "TUNEHUB_K8S_MAX_GPUS_PER_USER", 0),
@@ -153,7 +165,9 @@ class KubeSettings:
             run_as_user=run_as_user,
             run_as_group=_int(env, "TUNEHUB_K8S_RUN_AS_GROUP", 100),
             ttl_seconds=_int(env, "TUNEHUB_K8S_TTL_SECONDS", 3600),
-            unschedulable_timeout=float(_int(env, "TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT", 300)),
+            unschedulable_timeout=(
+                float(_int(env, "TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT", 0))
+                if env.get("TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT", "") != "" else None),
             instance=env.get("TUNEHUB_K8S_INSTANCE") or cls.instance,
             ephemeral_storage=env.get("TUNEHUB_K8S_EPHEMERAL_STORAGE") or cls.ephemeral_storage,
             kubeconfig=kubeconfig,
