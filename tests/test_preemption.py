@@ -28,6 +28,7 @@ from tests.polling import wait_for
 from tests.service_fixtures import TunerHub, running_tuner_hub
 from tests.sweeps_helpers import write_sweep
 from tunehub_base import pool_secret
+from tunehub_base.ordinal import ordinal
 from tunehub_base.pool import FairPolicy, GpuRequest, Preemption, Scheduler
 from tuner.db import Database, SweepRow
 from tuner.lifecycle.ledger import Ledger
@@ -39,7 +40,6 @@ from tuner.lifecycle.states import (
     TrialState,
 )
 from tuner.lifecycle.trial_paths import TrialPaths
-from tuner.scheduling.gpu_queue import ordinal
 
 # --- the lifecycle: a preempted attempt ------------------------------------------------------
 

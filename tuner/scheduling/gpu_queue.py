@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunehub_base.gpu_holders import HolderBook
+from tunehub_base.ordinal import ordinal
 from tunehub_base.pool import (
     Action,
     FairPolicy,
@@ -127,12 +128,6 @@ class Answer:
         return {"request": self.request_id, "ready": self.ready, "position": self.position,
                 "reason": self.reason, "message": self.message,
                 "preempting": [v.to_json() for v in self.preempting]}
-
-
-def ordinal(n: int) -> str:
-    """1st, 2nd, 3rd, 4th, 11th, 21st..."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 @dataclass
