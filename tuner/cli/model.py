@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="clean canary answers after which it takes production (100)")
     serve.add_argument("--canary-errors", type=int, default=0, metavar="N",
                        help="canary errors tolerated; one more rolls it back (0)")
+    serve.add_argument("--canary-latency-ms", type=_milliseconds, default=None, metavar="MS",
+                       help="the canary's p95 latency must be within this to take production; "
+                            "over it, the canary is rolled back (no bound)")
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -65,6 +68,17 @@ def _share(text: str) -> float:
     if not 0 < share <= 1:
         raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
     return share
+
+
+def _milliseconds(text: str) -> float:
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = math.nan
+    if not 0 < ms < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of milliseconds, got "
+                                         f"{text!r}")
+    return ms
 
 
 def registry() -> Registry:
@@ -153,7 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from tuner.serving.canary import CanaryPolicy
 
         canary = CanaryPolicy(args.canary_share, args.canary_requests,
-                              max(0, args.canary_errors))
+                              max(0, args.canary_errors), args.canary_latency_ms)
         console.print(f"canary release: {args.canary_share:g} of requests to the canary, "
                       f"production after {args.canary_requests} clean answers")
     try:

@@ -30,7 +30,7 @@ from tunehub_base.options import setting
 from tunehub_base.request_bounds import BodyError, BoundedApplication, RequestLimits, parse_json
 from tuner.errors import NotFound
 from tuner.metrics import MetricsHandler
-from tuner.serving.canary import CanaryPolicy, CanaryRelease, describe_error
+from tuner.serving.canary import CanaryMove, CanaryPolicy, CanaryRelease, describe_error
 from tuner.serving.models_config import LABELS as SERVING_LABELS
 from tuner.serving.registry import STAGES, Registry
 
@@ -82,24 +82,26 @@ class ModelServer:
                 pass  # no canary now: production takes it
         return self.version_for("production"), False
 
-    def canary_answered(self, version: int) -> None:
-        if self.canary is None:
-            return
-        forward = self.canary.answered(version)
-        if forward is not None:
-            self.registry.promote(self.model, version, "production", is_admin=True,
-                                  reason=f"{forward}: rolled forward")
-            log.info("%s", forward)
-            self._stages.clear()
+    def canary_answered(self, version: int, seconds: float) -> None:
+        if self.canary is not None:
+            self._move(version, self.canary.answered(version, seconds))
 
     def canary_failed(self, version: int, error: str) -> None:
-        if self.canary is None:
+        if self.canary is not None:
+            self._move(version, self.canary.failed(version, error))
+
+    def _move(self, version: int, move: CanaryMove | None) -> None:
+        """Carry out what the canary's counters decided, with its reason in the history."""
+        if move is None:
             return
-        back = self.canary.failed(version, error)
-        if back is not None:
-            self.registry.retire(self.model, version, back)
-            log.warning("%s", back)
-            self._stages.clear()
+        if move.forward:
+            self.registry.promote(self.model, version, "production", is_admin=True,
+                                  reason=f"{move.reason}: rolled forward")
+            log.info("%s", move.reason)
+        else:
+            self.registry.retire(self.model, version, move.reason)
+            log.warning("%s", move.reason)
+        self._stages.clear()
 
     def load(self, version: int) -> Any:
         if version not in self._loaded:
@@ -209,6 +211,7 @@ class PredictHandler(_Handler):
             else:
                 number, canary = self.server.route()
             loop = asyncio.get_running_loop()
+            asked = time.perf_counter()
             try:
                 result = await loop.run_in_executor(None, self.server.predict, number, body)
             except (BadRequest, BodyError, NotFound):
@@ -222,7 +225,7 @@ class PredictHandler(_Handler):
                 result = await loop.run_in_executor(None, self.server.predict, number, body)
             else:
                 if canary:
-                    self.server.canary_answered(number)
+                    self.server.canary_answered(number, time.perf_counter() - asked)
         except BodyError as exc:  # not JSON, or over a bound: the reason names it
             self.fail(exc.status, str(exc))
             PREDICTIONS.labels(name, version or label or "production", "400").inc()
