@@ -46,6 +46,29 @@ def _metric(text: str, name: str, **labels: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def _trial_row(hub_url: str, user: str, sweep_id: int, number: int) -> str:
+    """The text of trial ``number``'s row on the sweeps page, sweep ``sweep_id`` selected."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_hub_browser import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(f"{hub_url}services/tuner/")  # the hub's login, then back by OAuth
+            page.fill("input[name=username]", user)
+            page.fill("input[name=password]", "any")
+            page.click("#login_submit")
+            page.locator("#sweeps tbody tr").first.wait_for(timeout=120_000)
+            page.goto(f"{hub_url}services/tuner/#sweep={sweep_id}")
+            row = page.locator(f'#trials tbody tr[data-trial="{number}"]')
+            row.wait_for(timeout=120_000)
+            return str(row.inner_text()).strip()
+        finally:
+            browser.close()
+
+
 def _finished(state: Callable[[httpx.Client, int], str], client: httpx.Client,
               sweep_id: int) -> bool:
     return state(client, sweep_id) in ("completed", "failed")
@@ -59,6 +82,7 @@ def test_the_queue_and_shares_are_metrics_and_a_waiting_trial_says_its_place(
     with running_tuner_hub(
         tmp_path, f"sqlite:///{tmp_path / 'tunehub.sqlite'}",
         extra_env={"TUNEHUB_LOCAL_GPUS": "0", "TUNEHUB_POOL_SHARES": str(shares)},
+        extra_config='c.JupyterHub.services[1]["oauth_no_confirm"] = True\n',
     ) as hub:
         ana_token = hub.token("ana", SUBMIT)
         ana, bob = hub.client(ana_token), hub.client(hub.token("bob", SUBMIT))
@@ -111,6 +135,9 @@ def test_the_queue_and_shares_are_metrics_and_a_waiting_trial_says_its_place(
         assert shown.returncode == 0, shown.stderr
         detail = {t["number"]: t for t in json.loads(shown.stdout)["trials_detail"]}
         assert detail[1]["reason"] == behind
+
+        # The sweeps page's trial row says the same, in Chromium, signed in as ana.
+        assert _trial_row(hub.url, "ana", a, 1).endswith(behind)
 
         # The scrape (with the hub's metrics scope) shows the line and everyone's share.
         scrape = httpx.get(f"{hub.url}services/tuner/metrics", timeout=30,
