@@ -3,9 +3,10 @@ is, how long its oldest has waited, and each person's share and cap, for an oper
 and alerts ("someone has waited an hour for a GPU").
 
 Why a snapshot taken by the scrape's handler rather than a read inside :meth:`collect`: the
-queue's picture is made under its asyncio lock (:meth:`GpuQueue.view`), which a synchronous
-collector on the event loop cannot wait for. The ``/metrics`` route awaits :meth:`refresh` (the
-lock files are read in a thread), then ``generate_latest`` renders what it found. Labels are
+queue's picture needs the lock files read in a worker thread (:meth:`GpuQueue.view`), which a
+synchronous collector on the event loop cannot await. The ``/metrics`` route awaits
+:meth:`refresh` (without waiting for a notebook's preemption under way), then
+``generate_latest`` renders what it found. Labels are
 bounded: ``kind`` is ``notebook`` or ``trial``; ``person`` is someone holding a GPU, waiting
 for one, or named in ``TUNEHUB_POOL_SHARES`` (the lab's people, never sweeps or trials)."""
 
@@ -46,7 +47,7 @@ class GpuQueueCollector:
         """Take the queue's picture for the next :meth:`collect` (never raises: a scrape
         that cannot read the pool leaves these figures out rather than failing)."""
         try:
-            self._view = await self.queue.view()
+            self._view = await self.queue.view(wait=False)
             self._at = time.time()
         except Exception:  # noqa: BLE001 - a scrape must never fail on the pool
             log.exception("the GPU queue could not be read for the metrics")

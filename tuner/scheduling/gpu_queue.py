@@ -266,10 +266,16 @@ class GpuQueue:
 
     # --- what everyone sees ----------------------------------------------------------------
 
-    async def view(self) -> dict[str, Any]:
+    async def view(self, wait: bool = True) -> dict[str, Any]:
         """The queue in order (position, who, what, why), each person's share, weight and cap
-        (everyone holding, waiting or named in the shares), and the configured groups."""
-        async with self._lock:
+        (everyone holding, waiting or named in the shares), and the configured groups.
+        ``wait=False`` (a scrape): do not wait for a decision under way (a notebook's ask holds
+        the lock while its preemption runs, up to the grace period); the picture is made
+        between decisions on the event loop, as :meth:`admits` makes its own."""
+        if wait:
+            async with self._lock:
+                picture = await self._picture()
+        else:
             picture = await self._picture()
         scheduler = picture.scheduler
         queue = []
@@ -297,9 +303,10 @@ class GpuQueue:
     async def places(self, sweep_id: int) -> dict[int, str]:
         """Each of sweep ``sweep_id``'s trials waiting for a GPU (trial number -> what its row
         says), from the same decision the pool view shows: its place in line and why, e.g.
-        "waiting for a GPU: 2nd in line behind ann's notebook", or the cap it is over."""
-        async with self._lock:
-            picture = await self._picture()
+        "waiting for a GPU: 2nd in line behind ann's notebook", or the cap it is over. Read
+        without waiting for a decision under way (see :meth:`view`): a trials page must not
+        hang for a preemption's grace period."""
+        picture = await self._picture()
         entries = picture.scheduler.queue()
         places: dict[int, str] = {}
         for i, entry in enumerate(entries):
