@@ -147,6 +147,7 @@ async def serve() -> None:
         from tuner.backends.local.backend import LocalBackend
         from tuner.metrics import watch_gpu_pool
         from tuner.notebook_gpu_watch import NotebookGpuWatch
+        from tuner.queue_metrics import watch_gpu_queue
         from tuner.scheduling.gpu_queue import GpuQueue
 
         watch_gpu_pool(settings.gpu_locks_dir)
@@ -154,6 +155,7 @@ async def serve() -> None:
         local = backends["local"]
         if isinstance(local, LocalBackend):
             ctx.gpu_queue = GpuQueue(engine, local, settings.gpu_locks_dir)
+            ctx.queue_metrics = watch_gpu_queue(ctx.gpu_queue)
     app = make_app(engine, prefix, ctx, cookie_secret(settings))
     server = await listen(app, host, port, tls_context())
     await engine.start()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from jupyterhub.services.auth import HubOAuth
 
 from tuner.backends import Backend
+from tuner.queue_metrics import GpuQueueCollector
 from tuner.scheduling.gpu_queue import GpuQueue
 from tuner.scheduling.host import SweepHost
 from tuner.serving.registry import Registry
@@ -30,3 +31,5 @@ class ServiceContext:
     default_backend: str = "local"
     #: Notebooks waiting for this machine's GPUs (the local backend's pool); None without it.
     gpu_queue: GpuQueue | None = None
+    #: The queue's and shares' metrics, refreshed by the scrape (with ``gpu_queue``).
+    queue_metrics: GpuQueueCollector | None = None

@@ -92,8 +92,19 @@ class SweepResumeHandler(SweepRoute):
 
 
 class TrialsHandler(SweepRoute):
-    def get(self, _sweep_id: str) -> None:
-        self.send(trials_view(self.ctx.store, self.sweep.id, self.actor))
+    async def get(self, _sweep_id: str) -> None:
+        views = trials_view(self.ctx.store, self.sweep.id, self.actor)
+        queue = self.ctx.gpu_queue
+        if queue is not None and any(v["state"] == "pending" for v in views):
+            # A trial waiting for a GPU says its place in the pool's line, read now.
+            places = await queue.places(self.sweep.id)
+            for view in views:
+                place = places.get(view["number"]) if view["state"] == "pending" else None
+                said = view.get("reason")
+                if place is not None:  # (a preempted trial keeps why, its place after it)
+                    view["reason"] = place if not said or said.startswith(
+                        "waiting for a GPU") else f"{said}; {place}"
+        self.send(views)
 
 
 class TrialLogHandler(SweepRoute):

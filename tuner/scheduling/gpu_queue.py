@@ -261,10 +261,16 @@ class GpuQueue:
 
     # --- what everyone sees ----------------------------------------------------------------
 
-    async def view(self) -> dict[str, Any]:
+    async def view(self, wait: bool = True) -> dict[str, Any]:
         """The queue in order (position, who, what, why), each person's share, weight and cap
-        (everyone holding, waiting or named in the shares), and the configured groups."""
-        async with self._lock:
+        (everyone holding, waiting or named in the shares), and the configured groups.
+        ``wait=False`` (a scrape): do not wait for a decision under way (a notebook's ask holds
+        the lock while its preemption runs, up to the grace period); the picture is made
+        between decisions on the event loop, as :meth:`admits` makes its own."""
+        if wait:
+            async with self._lock:
+                picture = await self._picture()
+        else:
             picture = await self._picture()
         scheduler = picture.scheduler
         queue = []
@@ -288,6 +294,49 @@ class GpuQueue:
         if self.source is not None and self.source.error is not None:
             view["shares_error"] = self.source.error
         return view
+
+    async def places(self, sweep_id: int) -> dict[int, str]:
+        """Each of sweep ``sweep_id``'s trials waiting for a GPU (trial number -> what its row
+        says), from the same decision the pool view shows: its place in line and why, e.g.
+        "waiting for a GPU: 2nd in line behind ann's notebook", or the cap it is over. Read
+        without waiting for a decision under way (see :meth:`view`): a trials page must not
+        hang for a preemption's grace period."""
+        picture = await self._picture()
+        entries = picture.scheduler.queue()
+        places: dict[int, str] = {}
+        for i, entry in enumerate(entries):
+            request = entry.request
+            if (request.kind != "trial" or request.sweep_id != str(sweep_id)
+                    or request.trial_number in (None, NEXT_TRIAL)):
+                continue
+            assert request.trial_number is not None
+            places[request.trial_number] = "waiting for a GPU: " + self._place(
+                picture, request, entry.position, entries[i - 1].request if i else None)
+        return places
+
+    def _place(self, picture: _Picture, request: GpuRequest, position: int,
+               ahead: GpuRequest | None) -> str:
+        """A waiting trial's place and why: a cap, a preemption under way, or who is ahead."""
+        cap = picture.scheduler.policy.cap_hit(request)
+        if cap is not None:
+            return cap.reason()
+        reason = self._trial_reason(picture, request, "")
+        if reason:
+            return f"{ordinal(position)} in line, {reason}"
+        if ahead is None:
+            return f"{ordinal(position)} in line, for the next GPU freed"
+        return f"{ordinal(position)} in line behind {self._whose(picture, ahead)}"
+
+    @staticmethod
+    def _whose(picture: _Picture, request: GpuRequest) -> str:
+        """A waiting request as its neighbour's row names it ("ann's notebook")."""
+        if request.kind == "notebook":
+            ask = picture.notebooks.get(request.request_id)
+            server = f" {ask.server}" if ask is not None and ask.server else ""
+            return f"{request.person}'s notebook{server}"
+        if request.trial_number in (None, NEXT_TRIAL):
+            return f"{request.person}'s sweep {request.sweep_id}"
+        return f"{request.person}'s trial {request.trial_number} of sweep {request.sweep_id}"
 
     def _trial_reason(self, picture: _Picture, request: GpuRequest, reason: str) -> str:
         victims = [picture.victims[h.request_id]

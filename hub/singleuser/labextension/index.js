@@ -12,6 +12,11 @@
 const NOTIFY = 'apputils:notify';
 const DISMISS = 'apputils:dismiss-notification';
 const WARNED = ['warn', 'warned', 'cell running', 'reclaim'];
+// Why a back-off: once the server stops (culled, its GPUs given back, the hub down) every poll
+// fails; polling on at the server's period would fill the console with the same warning and
+// knock on a dead server forever. Each failure doubles the wait up to MAX_DELAY; a success
+// brings the server's period back.
+const MAX_DELAY = 5 * 60 * 1000;
 
 // Authenticated as JupyterLab's own requests are (ServerConnection.makeRequest): the server's
 // token if the page has one, and the XSRF cookie echoed in a header (JupyterHub's servers treat
@@ -47,10 +52,12 @@ const plugin = {
     const settings = app.serviceManager.serverSettings;
     let shown = null; // the notification's id and message, while one is up
     let delay = 10000;
+    let failures = 0; // failed polls in a row
 
     async function poll() {
       try {
         const s = await status(settings);
+        failures = 0;
         delay = Math.max(1000, (s.poll_seconds || 10) * 1000);
         if (Array.isArray(s.gpus) && s.gpus.length === 0) {
           return; // a CPU server: nothing to measure, stop asking
@@ -71,7 +78,11 @@ const plugin = {
           shown = null;
         }
       } catch (err) {
-        console.warn('tunehub: GPU reclaim status not read', err);
+        failures += 1;
+        delay = Math.min(MAX_DELAY, delay * 2);
+        if (failures === 1) {
+          console.warn('tunehub: GPU reclaim status not read; asking again less often', err);
+        }
       }
       setTimeout(poll, delay);
     }
