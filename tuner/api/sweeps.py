@@ -13,6 +13,7 @@ from typing import Any
 from tuner.api.access import SweepRoute
 from tuner.api.auth import UserHandler
 from tuner.api.base import ApiError, parse_id
+from tuner.lifecycle.states import TrialState
 from tuner.metrics import SWEEPS_SUBMITTED
 from tuner.sdk.run_function import COMMAND as FUNCTION_COMMAND
 from tuner.sdk.run_function import FUNCTION_FILE
@@ -95,11 +96,11 @@ class TrialsHandler(SweepRoute):
     async def get(self, _sweep_id: str) -> None:
         views = trials_view(self.ctx.store, self.sweep.id, self.actor)
         queue = self.ctx.gpu_queue
-        if queue is not None and any(v["state"] == "pending" for v in views):
+        if queue is not None and any(v["state"] == TrialState.PENDING for v in views):
             # A trial waiting for a GPU says its place in the pool's line, read now.
             places = await queue.places(self.sweep.id)
             for view in views:
-                place = places.get(view["number"]) if view["state"] == "pending" else None
+                place = places.get(view["number"]) if view["state"] == TrialState.PENDING else None
                 said = view.get("reason")
                 if place is not None:  # (a preempted trial keeps why, its place after it)
                     view["reason"] = place if not said or said.startswith(
