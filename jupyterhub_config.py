@@ -10,7 +10,16 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
-from hub import culler, gpu_reclaim, internal_tls, local_spawner, notebook, scopes, tuner_service
+from hub import (
+    culler,
+    gpu_reclaim,
+    hub_restart,
+    internal_tls,
+    local_spawner,
+    notebook,
+    scopes,
+    tuner_service,
+)
 from hub.auth import TunehubAuthenticator
 from hub.log_limits import limit_repeats
 from hub.options import TunehubHub
@@ -112,8 +121,9 @@ else:
     c.JupyterHub.services = [
         tuner_service.service_definition(
             tuner_url,
-            tuner_service.service_environment(
+            {**tuner_service.service_environment(
                 settings, api_ca=str(internal.api_ca) if internal else None),
+             tuner_service.EXIT_WITH_HUB: "1"},
             opts.tuner_command,
         )
     ]
@@ -131,6 +141,10 @@ if opts.cpu_idle_timeout > 0:
         )
     )
     c.JupyterHub.load_roles.append(culler.culler_role())
+
+if opts.mode == "local":
+    # A restarted hub finds the notebook servers and the proxy running (hub/hub_restart.py).
+    hub_restart.configure(c, state)
 
 if opts.mode == "kubernetes":
     # Last, so the operator's hub.config (an authenticator, anything) wins over tunehub's.
