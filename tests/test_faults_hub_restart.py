@@ -1,11 +1,13 @@
-"""The hub is killed (SIGKILL) under ``tunehub up`` while a person's notebook server runs and a
-sweep's trials report: ``tunehub up`` starts the hub again, which finds the same server (same
-pid) and adopts the same proxy with its routes; the person's browser session (their cookies)
-goes on without logging in again, and the sweep completes with each trial once.
+"""The hub is killed (SIGKILL) or stopped (SIGTERM) under ``tunehub up`` while a person's
+notebook server runs and a sweep's trials report: ``tunehub up`` starts the hub again, which
+finds the same server (same pid) and adopts the same proxy with its routes; the person's
+browser session (their cookies) goes on without logging in again, and the sweep completes with
+each trial once. Ctrl-C afterwards still stops the server and the proxy.
 
-The tuner service is the hub's child and exits with it (``die_with_parent``): the new hub starts
-it again, its controller resumes the sweep, and the trials the kill interrupted run again as the
-same trials (attempt 2), as when the tuner alone is killed (test_faults_tuner_killed.py).
+The tuner service is the hub's child and exits with it (``die_with_parent``; a hub that is
+stopped stops it): the new hub starts it again, its controller resumes the sweep, and the trials
+the fault interrupted run again as the same trials (attempt 2), as when the tuner alone is
+killed (test_faults_tuner_killed.py).
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ def hub_process(state: Path) -> ProcessIdentity | None:
     return recorded_process(state / "jupyterhub.pid", b"jupyterhub")
 
 
-def test_hub_killed_keeps_servers_proxy_sessions_and_sweeps(platform: Platform) -> None:
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_hub_killed_keeps_servers_proxy_sessions_and_sweeps(
+    platform: Platform, how: signal.Signals
+) -> None:
     base = platform.home.parent
     record_dir, gate = base / "record", base / "gate"
     record_dir.mkdir(mode=0o777)
@@ -83,9 +88,9 @@ def test_hub_killed_keeps_servers_proxy_sessions_and_sweeps(platform: Platform) 
     old_hub = hub_process(state)
     proxy = recorded_process(state / "proxy.pid", b"hub.proxy")
     assert old_hub is not None and proxy is not None
-    os.kill(old_hub.pid, signal.SIGKILL)
+    os.kill(old_hub.pid, how)
     killed_at = time.monotonic()
-    wait_for(lambda: old_hub.alive() is False, timeout=30, what="the hub to die")
+    wait_for(lambda: old_hub.alive() is False, timeout=90, what="the hub to end")
     # The proxy the hub started is no child whose life ends with it: it routes on meanwhile.
     assert _server_page(browser)
 
@@ -135,7 +140,7 @@ def test_hub_killed_keeps_servers_proxy_sessions_and_sweeps(platform: Platform) 
     wait_for(lambda: server_proc.alive() is False, timeout=60, what="the server to stop")
     wait_for(lambda: proxy.alive() is False, timeout=60, what="the proxy to stop")
     record(FaultRecord(
-        fault="hub SIGKILLed under `tunehub up`",
+        fault=f"hub stopped by {how.name} under `tunehub up`",
         duration_s=round(back_at - killed_at, 1), sweeps=1, trials=TRIALS, running=PARALLEL,
         lost=0, recover_s=round(back_at - killed_at, 1),
         seen="the notebook server (same process) answered through the same proxy throughout, "
