@@ -251,8 +251,11 @@ def _stop_servers(url: str, token: str) -> None:
             time.sleep(0.5)  # the hub stops them in the background
             running = active()
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        print(f"warning: could not stop the notebook servers through the hub ({exc}); "
-              "they may still run", file=sys.stderr, flush=True)
+        refused = isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401,
+                                                                                         403)
+        if not refused:  # refused: a --config without hub_restart, whose hub stops them itself
+            print(f"warning: could not stop the notebook servers through the hub ({exc}); "
+                  "they may still run", file=sys.stderr, flush=True)
 
 
 def _install_stop_handlers() -> list[int]:
