@@ -121,9 +121,8 @@ else:
     c.JupyterHub.services = [
         tuner_service.service_definition(
             tuner_url,
-            {**tuner_service.service_environment(
+            tuner_service.service_environment(
                 settings, api_ca=str(internal.api_ca) if internal else None),
-             tuner_service.EXIT_WITH_HUB: "1"},
             opts.tuner_command,
         )
     ]

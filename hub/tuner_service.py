@@ -13,9 +13,6 @@ from tunehub_base.settings import Settings
 from tunehub_base.tls import ENV_API_CA
 
 SERVICE_NAME = "tuner"
-#: Set (to 1) when the hub starts the tuner as its child: the tuner exits when the hub dies, so
-#: the next hub can start it again on its port (``tuner.service``; hub/hub_restart.py).
-EXIT_WITH_HUB = "TUNEHUB_EXIT_WITH_HUB"
 # Trial processes and the service need these from the hub's environment as they are.
 _PASS_THROUGH_PREFIXES = ("TUNEHUB_", "CUDA_", "TF_")
 

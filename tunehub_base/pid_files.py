@@ -7,6 +7,7 @@ if it started before the file was written and its command line holds ``marker``.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 from pathlib import Path
 
@@ -42,3 +43,13 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
     except (OSError, AttributeError):
         pass
+
+
+def started_by_hub() -> bool:
+    """Is this process's parent JupyterHub (a managed service), not a container's init or a
+    person's shell (the tuner in its own Deployment, or run by hand)?"""
+    try:
+        args = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(os.path.basename(arg) == b"jupyterhub" for arg in args[:2])

@@ -23,7 +23,7 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application
 
 from tunehub_base import ports, tls
-from tunehub_base.pid_files import die_with_parent
+from tunehub_base.pid_files import die_with_parent, started_by_hub
 from tunehub_base.settings import Settings, load_settings
 from tuner.api.app import make_app
 from tuner.api.auth import make_hub_auth
@@ -179,8 +179,8 @@ async def serve() -> None:
 
 
 def main() -> None:
-    if os.environ.get("TUNEHUB_EXIT_WITH_HUB") == "1":
-        # Started by the hub on one machine: a killed hub must not leave us holding the port
+    if started_by_hub():
+        # A managed service (one machine): a killed hub must not leave us holding the port
         # its successor starts us on (SIGTERM: we stop as on any stop; sweeps resume).
         die_with_parent(signal.SIGTERM)
     logging.basicConfig(
