@@ -10,7 +10,16 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
-from hub import culler, gpu_reclaim, internal_tls, local_spawner, notebook, scopes, tuner_service
+from hub import (
+    culler,
+    gpu_reclaim,
+    hub_restart,
+    internal_tls,
+    local_spawner,
+    notebook,
+    scopes,
+    tuner_service,
+)
 from hub.auth import TunehubAuthenticator
 from hub.log_limits import limit_repeats
 from hub.options import TunehubHub
@@ -131,6 +140,10 @@ if opts.cpu_idle_timeout > 0:
         )
     )
     c.JupyterHub.load_roles.append(culler.culler_role())
+
+if opts.mode == "local":
+    # A restarted hub finds the notebook servers and the proxy running (hub/hub_restart.py).
+    hub_restart.configure(c, state)
 
 if opts.mode == "kubernetes":
     # Last, so the operator's hub.config (an authenticator, anything) wins over tunehub's.

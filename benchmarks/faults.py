@@ -26,6 +26,7 @@ TESTS = (
     "tests/test_database_outage.py::test_postgres_crash_mid_sweep_loses_nothing",
     "tests/test_faults_startup.py",
     "tests/test_faults_tuner_killed.py",
+    "tests/test_faults_hub_restart.py",
     "tests/test_faults_disk_full.py",
     "tests/test_faults_kubernetes.py",
 )

@@ -22,6 +22,8 @@ from typing import Any
 from jupyterhub_idle_culler import IdleCuller
 from traitlets import Int, List, Unicode, default
 
+from tunehub_base.pid_files import die_with_parent
+
 SERVICE_NAME = "idle-culler"
 # What the culler needs from the hub's API (stopping servers, reading their activity/options).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
@@ -115,6 +117,7 @@ def main() -> None:
     # The hub stops its services with SIGINT first, which the stock culler ignores: every hub
     # shutdown waited out the hub's interrupt timeout. The culler keeps no state; just exit.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    die_with_parent(signal.SIGTERM)  # a killed hub's culler must not cull beside the next one's
     GpuAwareCuller.launch_instance()
 
 

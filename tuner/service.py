@@ -23,6 +23,7 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application
 
 from tunehub_base import ports, tls
+from tunehub_base.pid_files import die_with_parent, started_by_hub
 from tunehub_base.settings import Settings, load_settings
 from tuner.api.app import make_app
 from tuner.api.auth import make_hub_auth
@@ -180,6 +181,10 @@ async def serve() -> None:
 
 
 def main() -> None:
+    if started_by_hub():
+        # A managed service (one machine): a killed hub must not leave us holding the port
+        # its successor starts us on (SIGTERM: we stop as on any stop; sweeps resume).
+        die_with_parent(signal.SIGTERM)
     logging.basicConfig(
         level=os.environ.get("TUNEHUB_LOG_LEVEL", "INFO"),
         format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s",

@@ -3,8 +3,11 @@
 Starts JupyterHub with the repository's ``jupyterhub_config.py``; the hub starts the proxy
 (configurable-http-proxy from PyPI), the tuner service and the idle culler as its children. The
 first run creates an admin account and prints its password once (only a hash is kept); later
-runs reuse ``$TUNEHUB_HOME`` (accounts, the hub's database, sweeps, models). Ctrl-C stops the
-hub, which stops everything it started.
+runs reuse ``$TUNEHUB_HOME`` (accounts, the hub's database, sweeps, models).
+
+The hub may die (killed, a crash) while people work: it is started again, and finds their
+notebook servers and the proxy still running (hub/hub_restart.py). Ctrl-C stops everything:
+every server (through the hub's API), the hub (which stops its services) and the proxy.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import errno
 import importlib.util
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -25,7 +29,7 @@ import httpx
 
 from tunehub_base import datastore, ports
 from tunehub_base.options import hub_state_dir, setting, url_of
-from tunehub_base.process_identity import ProcessIdentity
+from tunehub_base.pid_files import recorded_process
 from tunehub_base.settings import load_settings
 from tuner.cli import isolation
 from tuner.cli.errors import EXIT_FAILED, CliError
@@ -35,9 +39,9 @@ REPO_CONFIG = Path(__file__).resolve().parents[2] / "jupyterhub_config.py"
 ADMIN = "admin"
 READY_TIMEOUT = 180.0
 STOP_TIMEOUT = 60.0
-#: Seconds a process's start may seem to follow its pid file's writing (the boot time it is
-#: reckoned from is whole seconds).
-PID_FILE_SLACK = 2.0
+#: The token file the hub's config reads to let ``tunehub up`` stop every server on Ctrl-C
+#: (hub/hub_restart.py; kept in sync by hand: this command imports nothing of the hub).
+STOPPER_TOKEN_FILE = "up-token"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -180,28 +184,78 @@ def cmd_up(args: argparse.Namespace) -> int:
     jupyterhub = Path(sys.executable).with_name("jupyterhub")
     cmd = [str(jupyterhub) if jupyterhub.exists() else "jupyterhub", "-f", str(args.config)]
     log = None if args.verbose else open(log_path, "ab")
-    proc = subprocess.Popen(
-        cmd, cwd=state, env=env, stdin=subprocess.DEVNULL, stdout=log,
-        stderr=subprocess.STDOUT if log else None,
-        start_new_session=True,  # Ctrl-C reaches us; we stop the hub in order
-    )
+    stopper = _write_stopper_token(state / STOPPER_TOKEN_FILE)
+
+    def start_hub() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            cmd, cwd=state, env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+            start_new_session=True,  # Ctrl-C reaches us; we stop the hub in order
+        )
+
+    proc = start_hub()
     stopping = _install_stop_handlers()
     public_url = url_of(args.ip, args.port)
     try:
         _wait_ready(proc, public_url, log_path if log else None, stopping)
         _announce(public_url, args.ip, password, log_path if log else None, settings.home)
-        while proc.poll() is None and not stopping:
+        while not stopping:
+            if proc.poll() is not None:
+                # Killed or crashed: people's servers, the proxy and the sweeps run on; a new
+                # hub finds them. One that cannot start again ends this command (_wait_ready).
+                print(f"the hub stopped unexpectedly (exit {proc.returncode}); starting it "
+                      "again (notebook servers and sweeps run on)", file=sys.stderr, flush=True)
+                proc = start_hub()
+                _wait_ready(proc, public_url, log_path if log else None, stopping)
+                print("the hub is back", file=sys.stderr, flush=True)
             time.sleep(0.5)  # waiting on the hub or a stop signal, whichever comes first
-        if proc.poll() is not None:
-            _print_tail(log_path if log else None)
-            raise CliError(f"the hub stopped unexpectedly (exit {proc.returncode})",
-                           EXIT_FAILED)
         return 0
     finally:
+        if proc.poll() is None:
+            _stop_servers(public_url, stopper)
         _stop(proc)
         _stop_leftover_proxy(state / "proxy.pid")
         if log:
             log.close()
+
+
+def _write_stopper_token(path: Path) -> str:
+    """A new token for this run, owner-only, in the hub's root-only state directory: the hub
+    lets its bearer stop servers (``hub.hub_restart``), which Ctrl-C does."""
+    token = secrets.token_hex(32)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)
+    return token
+
+
+def _stop_servers(url: str, token: str) -> None:
+    """Stop every running notebook server through the hub's API (the hub leaves them running
+    when it stops, so that a restarted hub finds them) and wait for them to end."""
+    api = f"{url}hub/api"
+    headers = {"Authorization": f"token {token}"}
+
+    def active() -> list[tuple[str, str]]:
+        r = httpx.get(f"{api}/users", params={"state": "active"}, headers=headers, timeout=10)
+        r.raise_for_status()
+        return [(u["name"], name) for u in r.json() for name in u.get("servers", {})]
+
+    try:
+        running = active()
+        for user, name in running:
+            path = f"users/{user}/servers/{name}" if name else f"users/{user}/server"
+            httpx.delete(f"{api}/{path}", headers=headers, timeout=10)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while running and time.monotonic() < deadline:
+            time.sleep(0.5)  # the hub stops them in the background
+            running = active()
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        refused = isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401,
+                                                                                         403)
+        if not refused:  # refused: a --config without hub_restart, whose hub stops them itself
+            print(f"warning: could not stop the notebook servers through the hub ({exc}); "
+                  "they may still run", file=sys.stderr, flush=True)
 
 
 def _install_stop_handlers() -> list[int]:
@@ -278,21 +332,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _stop_leftover_proxy(pid_file: Path) -> None:
-    """A hub that fails while starting exits without stopping the proxy it launched; that
-    proxy (recorded in our state directory) would hold the port, so stop it. Only if the
-    process at that pid started before the file was written: a later one took the pid since."""
-    try:
-        pid = int(pid_file.read_text().strip())
-        written = pid_file.stat().st_mtime
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        started = ProcessIdentity.of(pid).started_at()
-    except (OSError, ValueError):
-        return
-    if started is not None and started > written + PID_FILE_SLACK:
-        return
-    if b"hub.proxy" in cmdline:
+    """The hub leaves the proxy running when it stops (a restarted hub adopts it), and one
+    that fails while starting exits without stopping it; the proxy (recorded in our state
+    directory) would hold the port, so stop it. Only if the process at that pid started
+    before the file was written: a later one took the pid since."""
+    proxy = recorded_process(pid_file, b"hub.proxy")
+    if proxy is not None:
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(proxy.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 

@@ -1,0 +1,163 @@
+"""The hub is killed (SIGKILL) or stopped (SIGTERM) under ``tunehub up`` while a person's
+notebook server runs and a sweep's trials report: ``tunehub up`` starts the hub again, which
+finds the same server (same pid) and adopts the same proxy with its routes; the person's
+browser session (their cookies) goes on without logging in again, and the sweep completes with
+each trial once. Ctrl-C afterwards still stops the server and the proxy.
+
+The tuner service is the hub's child and exits with it (``die_with_parent``; a hub that is
+stopped stops it): the new hub starts it again, its controller resumes the sweep, and the trials
+the fault interrupted run again as the same trials (attempt 2), as when the tuner alone is
+killed (test_faults_tuner_killed.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fault_records import FaultRecord, record
+from tests.hub_fixtures import Platform
+from tests.polling import wait_for
+from tests.test_faults_tuner_killed import TRAIN, tuner_processes
+from tests.test_hub_platform import Hub, login_token
+from tunehub_base.pid_files import recorded_process
+from tunehub_base.process_identity import ProcessIdentity
+
+pytestmark = [pytest.mark.slow]
+
+TRIALS, PARALLEL, STEPS = 4, 2, 3
+
+
+def browser_login(url: str, username: str, password: str) -> httpx.Client:
+    """A client holding a person's login cookies, as a browser would after the login form."""
+    client = httpx.Client(base_url=url, timeout=30, follow_redirects=True)
+    page = client.get("hub/login")
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+    assert xsrf, page.text[:2000]
+    client.post("hub/login", data={"username": username, "password": password,
+                                   "_xsrf": xsrf.group(1)})
+    assert "jupyterhub-session-id" in client.cookies, "login failed"
+    return client
+
+
+def hub_process(state: Path) -> ProcessIdentity | None:
+    return recorded_process(state / "jupyterhub.pid", b"jupyterhub")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_hub_killed_keeps_servers_proxy_sessions_and_sweeps(
+    platform: Platform, how: signal.Signals
+) -> None:
+    base = platform.home.parent
+    record_dir, gate = base / "record", base / "gate"
+    record_dir.mkdir(mode=0o777)
+    record_dir.chmod(0o777)  # the trials run as the person's own Unix user (as root)
+    state = platform.home / "hub"
+    platform.start()
+    assert platform.password, platform.output
+    hub = Hub(platform.url, login_token(platform.url, "admin", platform.password))
+    browser = browser_login(platform.url, "admin", platform.password)
+
+    # The person's notebook server, reached through the proxy with their cookies.
+    hub.start_server("admin", "cpu")
+    assert _server_page(browser)
+    server = hub.call("GET", "hub/api/users/admin", 200)["servers"][""]
+    server_pid = int(server["state"]["pid"])
+    server_proc = ProcessIdentity.of(server_pid)
+
+    code = platform.data / "gated"
+    code.mkdir(parents=True)
+    (code / "train.py").write_text(TRAIN.format(record=str(record_dir), gate=str(gate),
+                                                steps=STEPS))
+    spec = {"name": "hub-killed", "code": str(code), "command": "python train.py",
+            "metric": "score", "trials": TRIALS, "parallelism": PARALLEL, "max_retries": 0,
+            "sampler": "random", "space": {"x": {"type": "float", "low": 0, "high": 1}}}
+    sweep = hub.call("POST", "services/tuner/api/v1/sweeps", 201, json={"spec": spec})
+    api = f"services/tuner/api/v1/sweeps/{sweep['id']}"
+    wait_for(lambda: sum(p.name.endswith("-1") for p in record_dir.iterdir()) >= PARALLEL,
+             timeout=300, what="two trials running and reporting")
+
+    (old_tuner,) = tuner_processes(platform.home)
+    old_hub = hub_process(state)
+    proxy = recorded_process(state / "proxy.pid", b"hub.proxy")
+    assert old_hub is not None and proxy is not None
+    os.kill(old_hub.pid, how)
+    killed_at = time.monotonic()
+    wait_for(lambda: old_hub.alive() is False, timeout=90, what="the hub to end")
+    # The proxy the hub started is no child whose life ends with it: it routes on meanwhile.
+    assert _server_page(browser)
+
+    new_hub = wait_for(lambda: (h := hub_process(state)) is not None and h != old_hub and h,
+                       timeout=240, what="tunehub up to start the hub again")
+    wait_for(lambda: _answers(platform.url), timeout=240, what="the new hub to answer")
+    back_at = time.monotonic()
+    assert new_hub is not None and platform.process is not None
+    assert platform.process.poll() is None, platform.output  # tunehub up itself runs on
+
+    # The same proxy (adopted, not replaced), the same server process, the same session.
+    assert recorded_process(state / "proxy.pid", b"hub.proxy") == proxy
+    assert proxy.alive()
+    after = hub.call("GET", "hub/api/users/admin", 200)["servers"][""]
+    assert after["ready"] and int(after["state"]["pid"]) == server_pid, after
+    assert server_proc.alive()  # the very process, not a new one that took its pid
+    assert _server_page(browser)
+    home = browser.get("hub/home")
+    assert home.status_code == 200 and "hub/login" not in str(home.url), str(home.url)
+
+    # The sweep: the tuner came back with the hub and resumes it.
+    wait_for(platform._tuner_ready, timeout=240, what="the tuner back behind the new hub")
+    assert old_tuner.alive() is False  # it exited with the killed hub; a new one serves
+    assert [p for p in tuner_processes(platform.home) if p != old_tuner]
+    gate.touch()
+
+    def ended() -> dict[str, Any] | None:
+        view: dict[str, Any] = hub.call("GET", api, 200)
+        return view if view["state"] in ("completed", "failed") else None
+
+    done = wait_for(ended, timeout=600, what="the sweep to end")
+    assert done is not None and done["state"] == "completed", done
+    trials = hub.call("GET", f"{api}/trials", 200)
+    assert sorted(t["number"] for t in trials) == list(range(TRIALS)), trials
+    assert all(t["state"] == "completed" for t in trials), trials
+    for t in trials:  # each step once, whatever attempt sent it
+        assert sorted(r["step"] for r in t["intermediate_values"]) == list(range(1, STEPS + 1)), t
+    # The trials the kill interrupted ran again as the same trials; the others ran once.
+    assert sum(t["attempts"] == 2 for t in trials) == PARALLEL, trials
+    assert all(t["attempts"] in (1, 2) for t in trials), trials
+    log = (state / "hub.log").read_text(errors="replace")
+    assert "Adopting the running proxy" in log, log[-3000:]
+    browser.close()
+
+    # Ctrl-C still stops everything: the server (through the hub's API) and the proxy too.
+    assert platform.stop() == 0, platform.output
+    wait_for(lambda: server_proc.alive() is False, timeout=60, what="the server to stop")
+    wait_for(lambda: proxy.alive() is False, timeout=60, what="the proxy to stop")
+    record(FaultRecord(
+        fault=f"hub stopped by {how.name} under `tunehub up`",
+        duration_s=round(back_at - killed_at, 1), sweeps=1, trials=TRIALS, running=PARALLEL,
+        lost=0, recover_s=round(back_at - killed_at, 1),
+        seen="the notebook server (same process) answered through the same proxy throughout, "
+             "with the same login; hub pages back after the restart; the sweep completed, "
+             f"its {PARALLEL} running trials run again (attempt 2) with the tuner"))
+
+
+def _server_page(browser: httpx.Client) -> bool:
+    """The person's JupyterLab page, with their cookies only: it answers without a login."""
+    page = browser.get("user/admin/lab")
+    assert page.status_code == 200, (page.status_code, str(page.url))
+    assert str(page.url).endswith("/user/admin/lab"), str(page.url)  # no login on the way
+    return True
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}hub/api/", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
