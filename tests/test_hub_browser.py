@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,25 @@ def browser() -> Iterator[Any]:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             yield b
+        finally:
+            b.close()
+
+
+@contextmanager
+def sweeps_page(hub_url: str, user: str) -> Iterator[Any]:
+    """A Chromium page on the tuner's Sweeps page, signed in as ``user`` through the hub's login
+    (test hubs take any password) and sent back by OAuth; the browser closes after."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = b.new_page()
+            page.goto(f"{hub_url}services/tuner/")
+            page.fill("input[name=username]", user)
+            page.fill("input[name=password]", "any")
+            page.click("#login_submit")
+            yield page
         finally:
             b.close()
 

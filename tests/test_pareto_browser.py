@@ -25,35 +25,24 @@ BUDGET_MB = 1.0
 def _pareto(hub_url: str, user: str, sweep_id: int) -> dict[str, Any]:
     """What the Sweeps page's Pareto chart drew for ``sweep_id``: its data attributes and the
     names of its traces (plotly keeps them on the element)."""
-    from playwright.sync_api import sync_playwright
+    from tests.test_hub_browser import sweeps_page
 
-    from tests.test_hub_browser import CHROMIUM, CHROMIUM_ARGS
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.goto(f"{hub_url}services/tuner/")  # the hub's login, then back by OAuth
-            page.fill("input[name=username]", user)
-            page.fill("input[name=password]", "any")
-            page.click("#login_submit")
-            page.locator("#sweeps tbody tr").first.wait_for(timeout=120_000)
-            page.goto(f"{hub_url}services/tuner/#sweep={sweep_id}")
-            page.locator("#pareto-figure").wait_for(state="visible", timeout=120_000)
-            page.wait_for_function(
-                "!!document.getElementById('pareto-chart').dataset.chosen "
-                "&& (document.getElementById('pareto-chart').data || []).length > 0",
-                timeout=120_000)
-            drawn: dict[str, Any] = page.evaluate(
-                """() => { const c = document.getElementById('pareto-chart');
-                           return {front: c.dataset.front, chosen: c.dataset.chosen,
-                                   budget: c.dataset.budget,
-                                   traces: c.data.map((t) => t.name),
-                                   budget_x: (c.data.find((t) => t.name.startsWith('budget'))
-                                              || {x: []}).x}; }""")
-            return drawn
-        finally:
-            browser.close()
+    with sweeps_page(hub_url, user) as page:
+        page.locator("#sweeps tbody tr").first.wait_for(timeout=120_000)
+        page.goto(f"{hub_url}services/tuner/#sweep={sweep_id}")
+        page.locator("#pareto-figure").wait_for(state="visible", timeout=120_000)
+        page.wait_for_function(
+            "!!document.getElementById('pareto-chart').dataset.chosen "
+            "&& (document.getElementById('pareto-chart').data || []).length > 0",
+            timeout=120_000)
+        drawn: dict[str, Any] = page.evaluate(
+            """() => { const c = document.getElementById('pareto-chart');
+                       return {front: c.dataset.front, chosen: c.dataset.chosen,
+                               budget: c.dataset.budget,
+                               traces: c.data.map((t) => t.name),
+                               budget_x: (c.data.find((t) => t.name.startsWith('budget'))
+                                          || {x: []}).x}; }""")
+        return drawn
 
 
 def test_the_pareto_front_budget_and_chosen_model_are_drawn(tmp_path: Path) -> None:

@@ -48,25 +48,14 @@ def _metric(text: str, name: str, **labels: str) -> float | None:
 
 def _trial_row(hub_url: str, user: str, sweep_id: int, number: int) -> str:
     """The text of trial ``number``'s row on the sweeps page, sweep ``sweep_id`` selected."""
-    from playwright.sync_api import sync_playwright
+    from tests.test_hub_browser import sweeps_page
 
-    from tests.test_hub_browser import CHROMIUM, CHROMIUM_ARGS
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.goto(f"{hub_url}services/tuner/")  # the hub's login, then back by OAuth
-            page.fill("input[name=username]", user)
-            page.fill("input[name=password]", "any")
-            page.click("#login_submit")
-            page.locator("#sweeps tbody tr").first.wait_for(timeout=120_000)
-            page.goto(f"{hub_url}services/tuner/#sweep={sweep_id}")
-            row = page.locator(f'#trials tbody tr[data-trial="{number}"]')
-            row.wait_for(timeout=120_000)
-            return str(row.inner_text()).strip()
-        finally:
-            browser.close()
+    with sweeps_page(hub_url, user) as page:
+        page.locator("#sweeps tbody tr").first.wait_for(timeout=120_000)
+        page.goto(f"{hub_url}services/tuner/#sweep={sweep_id}")
+        row = page.locator(f'#trials tbody tr[data-trial="{number}"]')
+        row.wait_for(timeout=120_000)
+        return str(row.inner_text()).strip()
 
 
 def _finished(state: Callable[[httpx.Client, int], str], client: httpx.Client,

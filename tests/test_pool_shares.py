@@ -156,23 +156,12 @@ def shared_pool(tmp_path: Path) -> Iterator[tuple[TunerHub, Path]]:
 def _pool_page(hub: TunerHub, user: str) -> tuple[list[str], list[str]]:
     """The sweeps page's "GPU pool" section in Chromium, signed in as ``user``: the rows of
     its queue and of its shares, as text, once the queue shows someone."""
-    from playwright.sync_api import sync_playwright
+    from tests.test_hub_browser import sweeps_page
 
-    from tests.test_hub_browser import CHROMIUM, CHROMIUM_ARGS
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.goto(f"{hub.url}services/tuner/")  # the hub's login, then back by OAuth
-            page.fill("input[name=username]", user)
-            page.fill("input[name=password]", "any")
-            page.click("#login_submit")
-            page.locator("#pool-queue tbody tr").first.wait_for(timeout=120_000)
-            return ([r.inner_text() for r in page.locator("#pool-queue tbody tr").all()],
-                    [r.inner_text() for r in page.locator("#pool-shares tbody tr").all()])
-        finally:
-            browser.close()
+    with sweeps_page(hub.url, user) as page:
+        page.locator("#pool-queue tbody tr").first.wait_for(timeout=120_000)
+        return ([r.inner_text() for r in page.locator("#pool-queue tbody tr").all()],
+                [r.inner_text() for r in page.locator("#pool-shares tbody tr").all()])
 
 
 def _submit(client: httpx.Client, hub: TunerHub, name: str, go: Path, **spec: Any) -> int:
