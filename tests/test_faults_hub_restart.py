@@ -25,14 +25,19 @@ import pytest
 from tests.fault_records import FaultRecord, record
 from tests.hub_fixtures import Platform
 from tests.polling import wait_for
-from tests.test_faults_tuner_killed import TRAIN, tuner_processes
+from tests.test_faults_tuner_killed import (
+    PARALLEL,
+    STEPS,
+    TRIALS,
+    submit_gated_sweep,
+    tuner_processes,
+)
 from tests.test_hub_platform import Hub, login_token
 from tunehub_base.pid_files import recorded_process
 from tunehub_base.process_identity import ProcessIdentity
 
 pytestmark = [pytest.mark.slow]
 
-TRIALS, PARALLEL, STEPS = 4, 2, 3
 
 
 def browser_login(url: str, username: str, password: str) -> httpx.Client:
@@ -72,15 +77,7 @@ def test_hub_killed_keeps_servers_proxy_sessions_and_sweeps(
     server_pid = int(server["state"]["pid"])
     server_proc = ProcessIdentity.of(server_pid)
 
-    code = platform.data / "gated"
-    code.mkdir(parents=True)
-    (code / "train.py").write_text(TRAIN.format(record=str(record_dir), gate=str(gate),
-                                                steps=STEPS))
-    spec = {"name": "hub-killed", "code": str(code), "command": "python train.py",
-            "metric": "score", "trials": TRIALS, "parallelism": PARALLEL, "max_retries": 0,
-            "sampler": "random", "space": {"x": {"type": "float", "low": 0, "high": 1}}}
-    sweep = hub.call("POST", "services/tuner/api/v1/sweeps", 201, json={"spec": spec})
-    api = f"services/tuner/api/v1/sweeps/{sweep['id']}"
+    api = submit_gated_sweep(platform, hub, "hub-killed", record_dir, gate)
     wait_for(lambda: sum(p.name.endswith("-1") for p in record_dir.iterdir()) >= PARALLEL,
              timeout=300, what="two trials running and reporting")
 

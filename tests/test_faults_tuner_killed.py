@@ -72,6 +72,21 @@ def tuner_processes(home: Path) -> list[ProcessIdentity]:
     return [ident for pid, ident in found.items() if parents[pid] not in found]
 
 
+def submit_gated_sweep(platform: Platform, hub: Hub, name: str, record_dir: Path,
+                       gate: Path) -> str:
+    """The admin's sweep of ``TRIALS`` gated trials, ``PARALLEL`` at a time, each marking its
+    reports in ``record_dir`` and waiting for ``gate``; returns its API path."""
+    code = platform.data / "gated"
+    code.mkdir(parents=True)
+    (code / "train.py").write_text(TRAIN.format(record=str(record_dir), gate=str(gate),
+                                                steps=STEPS))
+    spec = {"name": name, "code": str(code), "command": "python train.py",
+            "metric": "score", "trials": TRIALS, "parallelism": PARALLEL, "max_retries": 0,
+            "sampler": "random", "space": {"x": {"type": "float", "low": 0, "high": 1}}}
+    sweep = hub.call("POST", "services/tuner/api/v1/sweeps", 201, json={"spec": spec})
+    return f"services/tuner/api/v1/sweeps/{sweep['id']}"
+
+
 def test_tuner_killed_under_tunehub_up_loses_nothing(platform: Platform) -> None:
     base = platform.home.parent
     record_dir, gate = base / "record", base / "gate"
@@ -80,15 +95,7 @@ def test_tuner_killed_under_tunehub_up_loses_nothing(platform: Platform) -> None
     platform.start()
     assert platform.password, platform.output
     hub = Hub(platform.url, login_token(platform.url, "admin", platform.password))
-    code = platform.data / "gated"
-    code.mkdir(parents=True)
-    (code / "train.py").write_text(TRAIN.format(record=str(record_dir), gate=str(gate),
-                                                steps=STEPS))
-    spec = {"name": "killed", "code": str(code), "command": "python train.py",
-            "metric": "score", "trials": TRIALS, "parallelism": PARALLEL, "max_retries": 0,
-            "sampler": "random", "space": {"x": {"type": "float", "low": 0, "high": 1}}}
-    sweep = hub.call("POST", "services/tuner/api/v1/sweeps", 201, json={"spec": spec})
-    api = f"services/tuner/api/v1/sweeps/{sweep['id']}"
+    api = submit_gated_sweep(platform, hub, "killed", record_dir, gate)
 
     def marks() -> set[str]:
         return {p.name for p in record_dir.iterdir()}
@@ -133,7 +140,7 @@ def test_tuner_killed_under_tunehub_up_loses_nothing(platform: Platform) -> None
     db = Database(f"sqlite:///{platform.home}/tunehub.sqlite", migrate=False)
     try:
         with db.session() as s:
-            row = s.get(SweepRow, sweep["id"])
+            row = s.get(SweepRow, int(api.rsplit("/", 1)[1]))
             assert row is not None
             study_name = row.study_name
             reports = s.execute(select(func.count()).select_from(TrialReport)).scalar_one()
