@@ -25,6 +25,7 @@ from tuner.errors import Conflict, NotFound
 from tuner.lifecycle.ledger import Ledger
 from tuner.lifecycle.states import IllegalTransition, SweepState, TrialState
 from tuner.scheduling.host import SweepHost
+from tuner.scheduling.report_writer import ReportRow, ReportWriter
 from tuner.search.mirror import StudyMirror
 from tuner.search.study import storage_for
 from tuner.spec import SweepSpec
@@ -331,12 +332,14 @@ async def test_a_report_at_a_step_already_reported_replaces_it(lab: Lab) -> None
                                   .where(TrialReport.trial_id == row.id)).tuples().all())
 
     assert reports() == {1: 0.1, 2: 0.2}
-    lab.ledger.record_report(row.id, 1, 0.15)
+    writer = ReportWriter(lab.db)
+    writer.write(ReportRow(row.id, 1, 0.15))
     assert reports() == {1: 0.15, 2: 0.2}
     after = lab.trials(sweep_id)[0]
     assert (after.value, after.last_step) == (0.15, 1)
     with pytest.raises(NotFound):
-        lab.ledger.record_report(row.id + 1000, 1, 0.5)
+        writer.write(ReportRow(row.id + 1000, 1, 0.5))
+    writer.close()
     assert reports() == {1: 0.15, 2: 0.2}
 
 

@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import event
 
-from tuner.search.mirror import StudyMirror
+from tuner.search.mirror import MirroredTrial, StudyMirror
 from tuner.search.study import create_study, storage_for
 from tuner.spec import SweepSpec
 
@@ -57,6 +57,14 @@ def _db_trials(name: str, url: str) -> list[FrozenTrial]:
     return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
 
 
+def _report(trial: MirroredTrial, value: float, step: int) -> None:
+    """A report as the controller makes one: the memory study at once, then the database
+    study's row (written here through Optuna's storage; in the service, in a group commit)."""
+    if trial.report(value, step):
+        trial.mirror.storage.set_trial_intermediate_value(trial.trial_id, step, value)
+        trial.written(step)
+
+
 def _play(mirror: StudyMirror, spec: SweepSpec) -> dict[int, int]:
     """Completed, pruned, failed and still running trials, some with intermediate values."""
     ids = {}
@@ -65,7 +73,7 @@ def _play(mirror: StudyMirror, spec: SweepSpec) -> dict[int, int]:
         ids[asked.number] = asked.trial_id
         trial = mirror.trial(asked.number, asked.trial_id)
         for step in range(1, 1 + i % 3):
-            trial.report(0.1 * i + step, step)
+            _report(trial, 0.1 * i + step, step)
         if i % 4 == 0:
             mirror.tell(asked.number, 0.5 + i)
         elif i % 4 == 1:
@@ -99,7 +107,7 @@ def test_rebuild_on_resume_equals_database_and_keeps_numbering(
     asked = resumed.ask(spec.distributions())
     assert asked.number == 8
     resumed.tell(7, 1.0)  # a trial the previous controller left running
-    resumed.trial(asked.number, asked.trial_id).report(0.3, 1)
+    _report(resumed.trial(asked.number, asked.trial_id), 0.3, 1)
     assert _view(resumed.get_trials(deepcopy=False)) == _view(_db_trials(name, url))
 
 
@@ -145,15 +153,15 @@ def test_pruner_decides_on_the_reports(study: tuple[SweepSpec, str, str]) -> Non
     mirror = StudyMirror(spec, name, url)
     for value in (0.9, 0.8):
         asked = mirror.ask(spec.distributions())
-        mirror.trial(asked.number, asked.trial_id).report(value, 1)
+        _report(mirror.trial(asked.number, asked.trial_id), value, 1)
         mirror.tell(asked.number, value)
     weak = mirror.ask(spec.distributions())
     trial = mirror.trial(weak.number, weak.trial_id)
-    trial.report(0.1, 1)
+    _report(trial, 0.1, 1)
     assert trial.should_prune()  # maximize: 0.1 is below the median of 0.9 and 0.8
     strong = mirror.ask(spec.distributions())
     trial = mirror.trial(strong.number, strong.trial_id)
-    trial.report(0.95, 1)
+    _report(trial, 0.95, 1)
     assert not trial.should_prune()
 
 
@@ -179,7 +187,7 @@ def _statements_per_ask(mirror: StudyMirror, spec: SweepSpec, url: str) -> list[
     try:
         asked = mirror.ask(spec.distributions())
         trial = mirror.trial(asked.number, asked.trial_id)
-        trial.report(0.5, 1)
+        _report(trial, 0.5, 1)
         trial.should_prune()
         mirror.tell(asked.number, 0.5)
     finally:
@@ -251,9 +259,9 @@ def test_reports_and_tells_write_without_reading_the_trial_back(
     engine = storage_for(url).engine
     event.listen(engine, "before_cursor_execute", note)
     try:
-        trial.report(0.5, 1)
-        trial.report(0.7, 1)  # a step already reported: Optuna keeps the first, no write
-        trial.report(0.6, 2)
+        _report(trial, 0.5, 1)
+        _report(trial, 0.7, 1)  # a step already reported: Optuna keeps the first, no write
+        _report(trial, 0.6, 2)
         mirror.tell(asked.number, 0.6)
     finally:
         event.remove(engine, "before_cursor_execute", note)

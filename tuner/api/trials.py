@@ -82,7 +82,7 @@ class TrialTokenHandler(JsonHandler):
 
 
 class ReportHandler(TrialTokenHandler):
-    def post(self, trial_id: str) -> None:
+    async def post(self, trial_id: str) -> None:
         token = self.token()
         body = self.json_body()
         metrics = _metrics(body.get("metrics"))
@@ -103,8 +103,8 @@ class ReportHandler(TrialTokenHandler):
             raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
         try:
             tid = parse_id(trial_id, "")
-            prune = self.engine.report(tid, token, attempt, value, step, last=last,
-                                       metrics=metrics)
+            prune = await self.engine.report_async(tid, token, attempt, value, step,
+                                                   last=last, metrics=metrics)
         except (NotFound, Unauthorized):
             raise refused() from None
         except BadReport as exc:

@@ -286,25 +286,6 @@ class Ledger:
             )
 
     @patient
-    def record_report(self, trial_id: int, step: int, value: float) -> None:
-        """An intermediate value (a report at a step already reported replaces it): the
-        trial's row and the report's, two statements by key in one transaction, nothing read
-        back (a report arrives on the controller's event loop, once per epoch of every
-        running trial)."""
-        with self.db.session() as s:
-            updated = cast(CursorResult[Any], s.execute(
-                update(Trial).where(Trial.id == trial_id).values(value=value, last_step=step)
-            ))
-            if updated.rowcount == 0:
-                raise NotFound(f"trial {trial_id} not found")
-            report = upsert(s, TrialReport).values(trial_id=trial_id, step=step, value=value,
-                                                   created_at=utcnow())
-            s.execute(report.on_conflict_do_update(
-                index_elements=[TrialReport.trial_id, TrialReport.step],
-                set_={"value": report.excluded.value},
-            ))
-
-    @patient
     def set_reasons(self, reasons: dict[int, str | None]) -> None:
         """Say why each trial (by id) is where it is (waiting for a quota, restarted), or
         clear it (None); not a state change."""

@@ -29,6 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -65,9 +66,10 @@ from tuner.scheduling.attempts import Running, RunningAttempts
 from tuner.scheduling.objectives import BadReport, check_final_report, objective_values
 from tuner.scheduling.promotion import SweepOrigin, register_best
 from tuner.scheduling.recovery import Recovery
+from tuner.scheduling.report_writer import ReportRow
 from tuner.scheduling.trial_env import AttemptIdentity, new_token, token_matches, trial_env
 from tuner.scheduling.workdirs import log_tail, prepare_workdir, write_attempt_header
-from tuner.search.mirror import StudyMirror, load_mirror
+from tuner.search.mirror import MirroredTrial, StudyMirror, load_mirror
 from tuner.spec import SweepSpec
 from tuner.sweep_store import sweep_dir
 
@@ -111,6 +113,22 @@ class ControllerObserver:
         seconds: float,
     ) -> None:
         """The trial's end was written by the ledger and told to Optuna."""
+
+
+@dataclass(frozen=True)
+class TakenReport:
+    """A report a controller judged: its answer, and what is left to write before that
+    answer is given (``row``; None for a final report, which the attempt's end records)."""
+
+    sweep_id: int
+    pruned: bool
+    row: ReportRow | None = None
+    mirrored: MirroredTrial | None = None
+
+    def written(self) -> None:
+        """The row is committed: Optuna's study holds the step now."""
+        if self.row is not None and self.row.optuna_trial_id is not None and self.mirrored:
+            self.mirrored.written(self.row.step)
 
 
 class ControllerHost(Protocol):
@@ -463,17 +481,33 @@ class SweepController:
 
     # --- reports and events --------------------------------------------------------------
 
-    def report(
+    def take_report(
         self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
         last: bool = False, metrics: dict[str, float] | None = None,
-    ) -> bool:
-        """A running attempt's report; returns whether the trial should be pruned."""
-        began = time.perf_counter()
-        pruned = self._judge(trial_id, token, attempt, value, step, last, metrics)
-        for observer in self.engine.observers:
-            observer.on_report(self.sweep_id, trial_id, step, value, pruned,
-                               time.perf_counter() - began)
-        return pruned
+    ) -> TakenReport:
+        """A running attempt's report, judged: whether the trial should be pruned, and the row
+        its caller writes (:mod:`tuner.scheduling.report_writer`) before it answers."""
+        rt = self._attempt(trial_id, token, attempt)
+        if metrics is not None:
+            if step is not None:
+                raise BadReport("metrics", "several metrics are a final report: no step")
+            value = check_final_report(self.spec, metrics)
+            rt.final_metrics = dict(metrics)
+        elif step is None and self.spec.multi_objective:
+            check_final_report(self.spec, {self.spec.metric: value})
+        if step is None:
+            rt.final_value = value
+            return TakenReport(self.sweep_id, pruned=False)
+        rt.last_value, rt.last_step = value, step
+        if self.spec.multi_objective:
+            # Kept for the charts; Optuna neither takes nor prunes it.
+            return TakenReport(self.sweep_id, False, ReportRow(trial_id, step, value))
+        mirrored = rt.optuna_trial
+        optuna_id = mirrored.trial_id if mirrored.report(value, step) else None
+        if not last and mirrored.should_prune():
+            rt.pruned = True
+        return TakenReport(self.sweep_id, rt.pruned,
+                           ReportRow(trial_id, step, value, optuna_id), mirrored)
 
     def _attempt(self, trial_id: int, token: str, attempt: int) -> Running:
         """The running attempt this token was made for, or Unauthorized."""
@@ -504,30 +538,6 @@ class SweepController:
                                       "gpu": reading.gpu, "start": meter.since, "end": now,
                                       "use": meter.to_json(policy)})
         return {"unused": sorted(g for g, m in rt.gpu_meters.items() if m.unused(policy))}
-
-    def _judge(
-        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
-        last: bool, metrics: dict[str, float] | None = None,
-    ) -> bool:
-        rt = self._attempt(trial_id, token, attempt)
-        if metrics is not None:
-            if step is not None:
-                raise BadReport("metrics", "several metrics are a final report: no step")
-            value = check_final_report(self.spec, metrics)
-            rt.final_metrics = dict(metrics)
-        elif step is None and self.spec.multi_objective:
-            check_final_report(self.spec, {self.spec.metric: value})
-        if step is None:
-            rt.final_value = value
-            return False
-        self.ledger.record_report(trial_id, step, value)
-        rt.last_value, rt.last_step = value, step
-        if self.spec.multi_objective:
-            return False  # kept for the charts; Optuna neither takes nor prunes it
-        rt.optuna_trial.report(value, step)
-        if not last and rt.optuna_trial.should_prune():
-            rt.pruned = True
-        return rt.pruned
 
     async def _handle(self, event: TrialEvent) -> None:
         rt = self.running.current(event.trial_id, event.attempt)

@@ -6,6 +6,7 @@ as :class:`~tuner.scheduling.controller.ControllerHost`."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 from tunehub_base.gpu_usage import GpuReading
@@ -16,7 +17,13 @@ from tuner.errors import NotFound
 from tuner.lifecycle.ledger import Ledger
 from tuner.lifecycle.states import SweepState
 from tuner.limits import Limits
-from tuner.scheduling.controller import ControllerObserver, PoolGate, SweepController
+from tuner.scheduling.controller import (
+    ControllerObserver,
+    PoolGate,
+    SweepController,
+    TakenReport,
+)
+from tuner.scheduling.report_writer import ReportWriter
 
 if TYPE_CHECKING:
     from tuner.serving.registry import Registry
@@ -44,6 +51,8 @@ class SweepHost:
         self.limits = Limits.from_env()
         self.db = db
         self.ledger = Ledger(db)
+        #: The process's one writer of trials' intermediate values, in group commits.
+        self.report_writer = ReportWriter(db)
         self.settings = settings
         self.backends = backends
         self.api_url = api_url.rstrip("/") + "/"
@@ -68,6 +77,8 @@ class SweepHost:
         for backend in self.backends.values():
             backend.unsubscribe(self._route)
             await backend.close()
+        self._by_trial.clear()  # a late report is refused like any other not running
+        await asyncio.to_thread(self.report_writer.close)
 
     def run_sweep(self, sweep_id: int) -> asyncio.Task[SweepState]:
         """Claim the sweep and drive it to the end in a task; the task's result is the
@@ -105,12 +116,44 @@ class SweepHost:
         self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
         last: bool = False, metrics: dict[str, float] | None = None,
     ) -> bool:
-        """A trial's report; returns whether the trial should be pruned. ``metrics``: a final
-        report of several metrics (``value`` is then ignored)."""
+        """A trial's report, written before this returns (in the calling thread: the
+        in-process backend's route); returns whether the trial should be pruned.
+        ``metrics``: a final report of several metrics (``value`` is then ignored)."""
+        began = time.perf_counter()
+        taken = self._take(trial_id, token, attempt, value, step, last, metrics)
+        if taken.row is not None:
+            self.report_writer.write(taken.row)
+            taken.written()
+        return self._answered(trial_id, step, value, taken, began)
+
+    async def report_async(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool = False, metrics: dict[str, float] | None = None,
+    ) -> bool:
+        """:meth:`report` for the HTTP route: the event loop goes on while the value is
+        committed with other reports (:mod:`tuner.scheduling.report_writer`)."""
+        began = time.perf_counter()
+        taken = self._take(trial_id, token, attempt, value, step, last, metrics)
+        if taken.row is not None:
+            await asyncio.wrap_future(self.report_writer.submit(taken.row))
+            taken.written()
+        return self._answered(trial_id, step, value, taken, began)
+
+    def _take(
+        self, trial_id: int, token: str, attempt: int, value: float, step: int | None,
+        last: bool, metrics: dict[str, float] | None,
+    ) -> TakenReport:
         controller = self._by_trial.get(trial_id)
         if controller is None:
             raise NotFound(f"trial {trial_id} is not running")
-        return controller.report(trial_id, token, attempt, value, step, last, metrics)
+        return controller.take_report(trial_id, token, attempt, value, step, last, metrics)
+
+    def _answered(self, trial_id: int, step: int | None, value: float, taken: TakenReport,
+                  began: float) -> bool:
+        for observer in self.observers:
+            observer.on_report(taken.sweep_id, trial_id, step, value, taken.pruned,
+                               time.perf_counter() - began)
+        return taken.pruned
 
     def gpu_use(self, trial_id: int, token: str, attempt: int,
                 readings: list[GpuReading]) -> dict[str, Any]:

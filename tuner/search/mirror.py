@@ -66,10 +66,11 @@ class MirroredTrial:
     """A running trial's reports go to both studies; the pruner decides on the memory one.
 
     The memory study's :class:`optuna.trial.Trial` checks and records a report (Optuna ignores
-    a step reported twice); the database gets the same value with one insert by the trial's
-    id (``BaseStorage.set_trial_intermediate_value``), not through a second ``Trial`` that
-    would first read the whole trial back. The memory trial is made on first use: a trial
-    that never reports an intermediate value costs nothing here."""
+    a step reported twice) at once; the database study gets the same value from the caller,
+    in a group commit with other trials' reports (:mod:`tuner.scheduling.report_writer`), not
+    through a second ``Trial`` that would first read the whole trial back, and with no lock
+    held while it commits. The memory trial is made on first use: a trial that never reports
+    an intermediate value costs nothing here."""
 
     def __init__(self, mirror: StudyMirror, number: int, trial_id: int) -> None:
         self.mirror = mirror
@@ -86,21 +87,26 @@ class MirroredTrial:
             self._in_memory = set(self._steps)
         return self._memory
 
-    def report(self, value: float, step: int) -> None:
+    def report(self, value: float, step: int) -> bool:
+        """Report to the memory study; returns whether the database study still needs the
+        step (the caller writes it there, then calls :meth:`written`)."""
         with self.mirror.lock:
             memory = self._trial()
             if step in self._steps:
                 # Optuna keeps the first value of a step, in both studies. A rerun attempt
                 # (a retry, or a rerun after its controller died) repeats its steps: drop
                 # them here, before Optuna's warning for each lands in the controller's log.
-                return
+                return False
             if step not in self._in_memory:
                 memory.report(value, step)
                 self._in_memory.add(step)
-            # A write lost to a database outage raises here, the memory study already
-            # holding the step: the report, sent again, writes it then.
-            self.mirror.write(self.mirror.storage.set_trial_intermediate_value,
-                              self.trial_id, step, float(value))
+            # A write lost to a database outage leaves the memory study holding the step:
+            # the report, sent again, is written then.
+            return True
+
+    def written(self, step: int) -> None:
+        """The database study holds ``step`` now."""
+        with self.mirror.lock:
             self._steps.add(step)
 
     def should_prune(self) -> bool:

@@ -2,12 +2,15 @@
 
 Everywhere else tunehub drives Optuna the way its documentation shows a user
 (``create_study``/``load_study``, ``Study.ask``/``tell``/``add_trials``, the samplers, a
-``BasePruner`` subclass). Two things are not that, and live here:
+``BasePruner`` subclass). Three things are not that, and live here:
 
 - :class:`GridSampler` overrides ``GridSampler.after_trial``, whose body is an implementation
   detail: today it only calls ``study.stop()`` once the grid is used up.
 - :func:`trial_for` calls the ``optuna.trial.Trial(study, trial_id)`` constructor, which
   Optuna's documentation says not to call directly (``optimize`` and ``ask`` make trials).
+- :func:`record_intermediate_values` writes rows of Optuna's ``trial_intermediate_values``
+  table (``optuna.storages._rdb.models``) in a transaction of tunehub's: a group commit of many
+  trials' reports (:mod:`tuner.scheduling.report_writer`).
 
 One more seam is Optuna's storage interface (``BaseStorage``: ``get_study_id_from_name``,
 ``get_all_trials``, ``get_trial``, ``create_new_trial(template_trial=...)``,
@@ -25,7 +28,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import optuna
+from optuna.storages._rdb import models as rdb_models
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
 
 
 class GridSampler(optuna.samplers.GridSampler):
@@ -51,3 +58,21 @@ def trial_for(study: optuna.Study, trial_id: int) -> optuna.trial.Trial:
     ``sampler.before_trial`` (a no-op for the samplers tunehub uses): cheap enough per trial,
     and made only on a trial's first report."""
     return optuna.trial.Trial(study, trial_id)
+
+
+def record_intermediate_values(session: Session, rows: Sequence[tuple[int, int, float]]) -> None:
+    """Optuna's intermediate values ``(optuna trial id, step, value)`` inserted in the caller's
+    transaction, as ``RDBStorage.set_trial_intermediate_value`` would store each (its table,
+    its stored form of a value), so that a group commit of many trials' reports writes Optuna's
+    rows beside tunehub's at once instead of in a transaction per report. A step the trial has
+    already is left as it is: Optuna keeps a step's first value."""
+    model = rdb_models.TrialIntermediateValueModel
+    table = model.__table__
+    insert = (postgresql_insert(table) if session.get_bind().dialect.name == "postgresql"
+              else sqlite_insert(table))
+    values = []
+    for trial_id, step, value in rows:
+        stored, kind = model.intermediate_value_to_stored_repr(value)
+        values.append({"trial_id": trial_id, "step": step, "intermediate_value": stored,
+                       "intermediate_value_type": kind})
+    session.execute(insert.on_conflict_do_nothing(index_elements=["trial_id", "step"]), values)
