@@ -39,7 +39,7 @@ class ServingCostBenchmark(Benchmark):
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        from tuner.serving.cost import CostMethod, measure
+        from tuner.serving.cost import CostMethod, ModelProcess, measure
 
         requests = ctx.size("requests", 50, 200)
         rows = []
@@ -49,7 +49,8 @@ class ServingCostBenchmark(Benchmark):
             for batch in BATCHES:
                 method = CostMethod(batch_size=batch, requests=requests)
                 ctx.log(f"width {width}, batch {batch}")
-                rows.append({"width": width, "batch": batch, **measure(target, method)})
+                figures = measure(target, ModelProcess.of_owner(None), method)
+                rows.append({"width": width, "batch": batch, **figures})
         return {"requests": requests, "rows": rows,
                 "method": CostMethod(requests=requests).describe()}
 

@@ -28,7 +28,6 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -70,6 +69,7 @@ from tuner.scheduling.report_writer import ReportRow
 from tuner.scheduling.trial_env import AttemptIdentity, new_token, token_matches, trial_env
 from tuner.scheduling.workdirs import log_tail, prepare_workdir, write_attempt_header
 from tuner.search.mirror import MirroredTrial, StudyMirror, load_mirror
+from tuner.serving.cost import ModelProcess
 from tuner.spec import SweepSpec
 from tuner.sweep_store import sweep_dir
 
@@ -706,7 +706,7 @@ class SweepController:
             try:
                 figures.update(measure_trial_model(
                     rt.paths.artifact_dir / "model", settings.sweeps_dir,
-                    setting("TUNEHUB_MODEL_MAX_BYTES").number(), become=self._as_owner()))
+                    setting("TUNEHUB_MODEL_MAX_BYTES").number(), self._model_process()))
             except (CostError, ModelRefused, OSError) as exc:
                 reason = f"serving cost not measured: {exc}"
         values = objective_values(self.spec, value, figures)
@@ -718,16 +718,11 @@ class SweepController:
             return TrialState.FAILED, f"{', '.join(missing)} missing: {why}", figures, None
         return state, reason, figures or None, values
 
-    def _as_owner(self) -> Callable[[], None] | None:
-        """Where people have Unix users, what makes a child process the sweep's owner (the
-        serving-cost server runs their model's graph); None where they do not."""
+    def _model_process(self) -> ModelProcess:
+        """How a process that runs the owner's model (the serving-cost server) starts: as
+        their trials do (:meth:`ModelProcess.of_owner`)."""
         unix = getattr(self.backend, "unix", None)
-        if unix is None:
-            return None
-        from tunehub_base.unix_users import privilege_dropper
-
-        dropper: Callable[[], None] = privilege_dropper(unix.require(self.owner))
-        return dropper
+        return ModelProcess.of_owner(unix.require(self.owner) if unix is not None else None)
 
     # --- the end -------------------------------------------------------------------------
 

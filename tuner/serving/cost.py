@@ -16,6 +16,13 @@ For each trial that saved a model, in a sweep that uses these figures (as object
    the latency of each from the client's side: ``serving_latency_p50_ms`` and
    ``serving_latency_p95_ms`` (nearest-rank percentiles).
 
+A SavedModel is a program (its graph may read and write files), so the measuring server is
+started like a trial, never like a part of the platform: with the environment a trial gets (the
+platform's variables left out, or the owner's reduced one where people have Unix users) and as
+the model's owner where there is one. A process that holds a Kubernetes ServiceAccount token
+(the tuner in its pod) does not run a model at all: the graph could read the token beside it.
+Its trials' figures are then absent, with that reason.
+
 Measurements in one process run one at a time (a lock), so two trials finishing together do
 not share the pinned CPU. The CPU is not reserved from other work on the machine: on a busy
 machine the figures include that contention (the method and the figures go together, see the
@@ -39,12 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunehub_base.unix_users import UnixUser, privilege_dropper
 from tuner.errors import TunehubError
 
 #: The model name the measuring server answers to (it serves one directory).
 MEASURED = "measured"
 #: How long the child may take to import TensorFlow and load the model.
 START_TIMEOUT = 600.0
+#: Where a pod's ServiceAccount token is mounted: a process that has one runs no model.
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 _ONE_AT_A_TIME = threading.Lock()
 
 
@@ -83,13 +93,32 @@ def budget_cpus(cpus: int) -> set[int]:
     return set(allowed[-cpus:])
 
 
-def measure_trial_model(source: Path, trusted: Path, max_bytes: int,
-                        method: CostMethod = CostMethod(),
-                        become: Callable[[], None] | None = None) -> dict[str, float]:
+@dataclass(frozen=True)
+class ModelProcess:
+    """How the measuring server starts: as a trial of the model's owner would. ``env``: its
+    whole environment; ``become``: makes it the owner (between fork and exec) where people
+    have Unix users, so a model's graph runs with its owner's rights, never root's."""
+
+    env: dict[str, str]
+    become: Callable[[], None] | None = None
+
+    @classmethod
+    def of_owner(cls, owner: UnixUser | None) -> ModelProcess:
+        """As the owner's trials start: their Unix user and its reduced environment where
+        people have Unix users (``owner``), else a trial's environment (the platform's
+        variables left out)."""
+        from tuner.backends._base import inherited_environment
+
+        if owner is None:
+            return cls(inherited_environment())
+        return cls(owner.environment(os.environ), privilege_dropper(owner))
+
+
+def measure_trial_model(source: Path, trusted: Path, max_bytes: int, process: ModelProcess,
+                        method: CostMethod = CostMethod()) -> dict[str, float]:
     """The serving figures of a trial's model directory ``source`` (below ``trusted``, a
-    directory only the platform changes): copied in the registry's way, then measured.
-    ``become``: makes the measuring server the model's owner (between fork and exec), where
-    people have Unix users: a model's graph runs with its owner's rights, never root's."""
+    directory only the platform changes): copied in the registry's way, then measured by a
+    server started as ``process`` says."""
     from tuner.serving.intake import copy_model
 
     scratch = Path(tempfile.mkdtemp(prefix="tunehub-cost-"))
@@ -97,18 +126,21 @@ def measure_trial_model(source: Path, trusted: Path, max_bytes: int,
         os.chmod(scratch, 0o755)  # readable by the owner's server; writable by root alone
         copy = scratch / "model"
         copy_model(source, copy, max_bytes, trusted)
-        return measure(copy, method, become)
+        return measure(copy, process, method)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def measure(model_dir: Path, method: CostMethod = CostMethod(),
-            become: Callable[[], None] | None = None) -> dict[str, float]:
+def measure(model_dir: Path, process: ModelProcess,
+            method: CostMethod = CostMethod()) -> dict[str, float]:
     """Serve ``model_dir`` (a SavedModel the platform holds) as the module text says and
     return ``model_size_mb``, ``serving_latency_p50_ms`` and ``serving_latency_p95_ms``."""
+    if SERVICE_ACCOUNT_TOKEN.exists():
+        raise CostError("not measured in a process that holds a Kubernetes ServiceAccount "
+                        "token: a model's graph is a program and could read it")
     with _ONE_AT_A_TIME:
         size = size_mb(model_dir)
-        latencies = _timed_requests(model_dir, method, become)
+        latencies = _timed_requests(model_dir, method, process)
     latencies.sort()
     return {
         "model_size_mb": round(size, 4),
@@ -124,13 +156,13 @@ def _rank(ordered: list[float], q: float) -> float:
 
 
 def _timed_requests(model_dir: Path, method: CostMethod,
-                    become: Callable[[], None] | None) -> list[float]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+                    process: ModelProcess) -> list[float]:
+    env = {**process.env, "TF_CPP_MIN_LOG_LEVEL": "2"}
     cpus = ",".join(str(c) for c in sorted(budget_cpus(method.cpus)))
     child = subprocess.Popen(
         [sys.executable, "-m", "tuner.serving.cost", str(model_dir), cpus],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-        preexec_fn=become, cwd="/",
+        preexec_fn=process.become, cwd="/",
     )
     try:
         hello = _first_line(child, START_TIMEOUT)
