@@ -203,6 +203,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TUNEHUB_TRIAL_API_URL", "the tuner's address as trials reach it, when it differs "
             "from the one the hub gives the service (the chart: the tuner's Service)",
             "the service's own URL"),
+    Setting("TUNEHUB_REPLICA_URL", "with several tuner replicas (the chart's `tuner.replicas`): "
+            "this replica's own address, where the others send the reports of the trials it "
+            "runs (the chart: the pod's IP)", "the service's own URL"),
     Setting("TUNEHUB_LOG_LEVEL", "the tuner service's log level (`DEBUG`, `INFO`, `WARNING`, …)",
             "`INFO`", value="INFO"),
     Setting("TUNEHUB_USER", "the single-user CLI on one machine (`tunehub sweep run` without "

@@ -32,3 +32,9 @@ class Forbidden(TunehubError, PermissionError):
     """Known caller, not allowed (e.g. a token without the needed scope)."""
 
     status = 403
+
+
+class Unavailable(TunehubError):
+    """Not now: the same request may work in a moment (503 with ``Retry-After``)."""
+
+    status = 503

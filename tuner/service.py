@@ -32,7 +32,7 @@ from tuner.backends import make_backend
 from tuner.db import Database, SweepRow
 from tuner.db.outage import once_reachable, patient, waiting_out_outages
 from tuner.errors import Conflict
-from tuner.lifecycle.liveness import controller_alive
+from tuner.lifecycle.liveness import HEARTBEAT_SECONDS, controller_alive
 from tuner.lifecycle.states import SweepState
 from tuner.scheduling.host import SweepHost
 from tuner.sweep_store import SweepStore
@@ -72,14 +72,31 @@ async def adopt_orphans(engine: SweepHost) -> list[int]:
         sweeps = await asyncio.to_thread(_unfinished_sweeps, engine)
     adopted = []
     for sweep in sweeps:
-        if controller_alive(sweep):
+        if sweep.id in engine.controllers or controller_alive(sweep):
             continue
         try:
             await once_reachable(engine.run_sweep, sweep.id)
             adopted.append(sweep.id)
         except Conflict as exc:
-            log.warning("not resuming sweep %s: %s", sweep.id, exc)
+            # Another replica took it first (several tuners on one database), or it ended.
+            log.info("not resuming sweep %s: %s", sweep.id, exc)
     return adopted
+
+
+async def keep_adopting(engine: SweepHost) -> None:
+    """With several tuners on one database, a replica that dies leaves its sweeps to the
+    others: each replica looks for sweeps whose controller is dead every heartbeat and claims
+    them (the claim is one transaction that locks the sweep's row, so exactly one replica
+    wins). The sweep's attempts are then reconciled as after a restart of the service."""
+    while True:
+        await asyncio.sleep(HEARTBEAT_SECONDS)  # a period, not a wait for something
+        try:
+            adopted = await adopt_orphans(engine)
+        except Exception:  # a fault of one pass (the database away) must not end the loop
+            log.exception("looking for sweeps to take over failed; trying again")
+            continue
+        if adopted:
+            log.warning("took over sweeps whose tuner stopped: %s", adopted)
 
 
 def tls_context() -> ssl.SSLContext | None:
@@ -126,15 +143,17 @@ async def serve() -> None:
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     host, port = url.hostname or "127.0.0.1", url.port or 10101
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tuner/")
-    trial_api = (os.environ.get("TUNEHUB_TRIAL_API_URL")
-                 or f"{url.scheme or 'http'}://{host}:{port}{prefix}")
+    own_url = f"{url.scheme or 'http'}://{host}:{port}{prefix}"
+    trial_api = os.environ.get("TUNEHUB_TRIAL_API_URL") or own_url
+    replica_url = os.environ.get("TUNEHUB_REPLICA_URL") or own_url
     names = [n.strip() for n in os.environ.get("TUNEHUB_BACKENDS", "local").split(",") if n]
     backends = {name: make_backend(name, settings) for name in names}
     registry = Registry(db, settings.registry, settings.serving_root)
     # TensorFlow Serving finds a current file from the start (from the database: waited for).
     with waiting_out_outages():
         await asyncio.to_thread(patient(registry.write_serving_config))
-    engine = SweepHost(db, settings, backends, trial_api, registry, stable_api_url=True)
+    engine = SweepHost(db, settings, backends, trial_api, registry, stable_api_url=True,
+                       replica_url=replica_url)
     ctx = ServiceContext(
         engine=engine,
         store=SweepStore(db, settings),
@@ -167,12 +186,14 @@ async def serve() -> None:
         "tuner service on %s://%s:%s%s (backends: %s; resumed sweeps: %s)",
         url.scheme, host, port, prefix, ", ".join(names), adopted or "none",
     )
+    adopting = asyncio.get_running_loop().create_task(keep_adopting(engine))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping: sweeps are left to resume on the next start")
+    adopting.cancel()
     server.stop()
     if notebook_gpus is not None:
         await notebook_gpus.close()

@@ -17,7 +17,7 @@ from tuner.db.outage import (
     note_unreachable,
     unreachable,
 )
-from tuner.errors import NotFound, TunehubError
+from tuner.errors import NotFound, TunehubError, Unavailable
 from tuner.spec import SpecError
 
 log = logging.getLogger("tunehub.api")
@@ -87,7 +87,7 @@ class JsonHandler(RequestHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         body: dict[str, Any] = {"status": status_code}
-        if isinstance(exc, DatabaseUnavailable):  # (send_error cleared the headers before)
+        if isinstance(exc, Unavailable):  # (send_error cleared the headers before)
             self.set_header("Retry-After", str(RETRY_AFTER_SECONDS))
         if isinstance(exc, ApiError):
             body["error"] = exc.message

@@ -13,7 +13,8 @@ from typing import Any
 
 from tunehub_base.gpu_usage import GpuReading
 from tuner.api.base import MAX_ID, ApiError, JsonHandler, parse_id
-from tuner.errors import NotFound, Unauthorized
+from tuner.api.report_routing import FORWARDED, Route, forward, route_report
+from tuner.errors import NotFound, Unauthorized, Unavailable
 from tuner.scheduling.host import SweepHost
 from tuner.scheduling.objectives import BadReport
 
@@ -103,13 +104,34 @@ class ReportHandler(TrialTokenHandler):
             raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
         try:
             tid = parse_id(trial_id, "")
+        except NotFound:
+            raise refused() from None
+        try:
             prune = await self.engine.report_async(tid, token, attempt, value, step,
                                                    last=last, metrics=metrics)
-        except (NotFound, Unauthorized):
+        except Unauthorized:
             raise refused() from None
+        except NotFound:  # not running here: perhaps on another replica
+            await self._elsewhere(tid, token)
+            return
         except BadReport as exc:
             raise ApiError(400, str(exc), exc.field) from None
         self.send({"prune": prune})
+
+    async def _elsewhere(self, trial_id: int, token: str) -> None:
+        """A report of a trial this tuner does not run (:mod:`tuner.api.report_routing`)."""
+        if self.request.headers.get(FORWARDED):
+            raise refused()  # sent on once already: never again
+        routing = await route_report(self.engine.db, self.engine.replica_url, trial_id, token)
+        if routing.route == Route.REFUSED:
+            raise refused()
+        if routing.route == Route.MOVING:
+            raise Unavailable("this trial's sweep is moving to another tuner; retry shortly")
+        status, body = await forward(str(routing.url), trial_id, self.request.body,
+                                     self.request.headers.get("Authorization", ""))
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
 
 
 MAX_READINGS = 16  # GPUs one pod's reading may carry

@@ -83,6 +83,8 @@ class SweepRow(Base):
     controller_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # ... and its start (``START@BOOT``, tunehub_base.process_identity): pids are reused.
     controller_start: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # ... and where its tuner takes trials' reports, so another replica can route one to it.
+    controller_url: Mapped[str | None] = mapped_column(Text, nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     best_trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
     best_value: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -26,7 +26,7 @@ from typing import ParamSpec, TypeVar
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from tuner.errors import TunehubError
+from tuner.errors import Unavailable
 
 __all__ = [
     "DatabaseUnavailable",
@@ -55,10 +55,8 @@ R = TypeVar("R")
 _waits: contextvars.ContextVar[bool] = contextvars.ContextVar("tunehub_db_waits", default=False)
 
 
-class DatabaseUnavailable(TunehubError):
+class DatabaseUnavailable(Unavailable):
     """The database cannot be reached now; the same request may work in a moment."""
-
-    status = 503
 
 
 def unreachable(exc: BaseException | None) -> bool:

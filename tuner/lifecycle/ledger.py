@@ -124,9 +124,10 @@ class Ledger:
     # --- sweeps --------------------------------------------------------------------------
 
     @patient
-    def claim(self, sweep_id: int) -> SweepState:
+    def claim(self, sweep_id: int, url: str | None = None) -> SweepState:
         """Make this process the sweep's controller, unless a live one already is; returns
-        the sweep's state (``cancelling`` when a cancel waits for the new controller)."""
+        the sweep's state (``cancelling`` when a cancel waits for the new controller).
+        ``url``: where this process takes trials' reports (another replica routes there)."""
         with self.db.session() as s:
             sweep = _sweep(s, sweep_id, lock=True)
             if sweep.state.is_finished():
@@ -139,6 +140,7 @@ class Ledger:
             sweep.controller_host = socket.gethostname()
             sweep.controller_pid = os.getpid()
             sweep.controller_start = this_process()
+            sweep.controller_url = url
             sweep.heartbeat_at = utcnow()
             if sweep.state != SweepState.CANCELLING:
                 sweep.state = check_sweep(sweep.state, SweepState.RUNNING)

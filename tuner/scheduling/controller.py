@@ -140,6 +140,7 @@ class ControllerHost(Protocol):
     settings: Settings
     backends: dict[str, Backend]
     api_url: str
+    replica_url: str
     stable_api_url: bool
     registry: Registry | None
     observers: list[ControllerObserver]
@@ -216,7 +217,7 @@ class SweepController:
 
     def claim(self) -> None:
         """Become the sweep's controller, unless a live one already is."""
-        if self.ledger.claim(self.sweep_id) == SweepState.CANCELLING:
+        if self.ledger.claim(self.sweep_id, self.engine.replica_url) == SweepState.CANCELLING:
             self.cancel_requested = True
 
     def cancel(self) -> None:

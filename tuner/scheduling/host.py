@@ -40,11 +40,15 @@ class SweepHost:
         api_url: str,
         registry: Registry | None = None,
         stable_api_url: bool = False,
+        replica_url: str | None = None,
     ) -> None:
         """``stable_api_url``: trials can still report to ``api_url`` after this process
         restarts (the tuner service at a fixed address). A restarted controller then keeps
         the attempts its backend adopted (Kubernetes Jobs) instead of rerunning them; with a
-        per-process address (the CLI) their reports would go nowhere, so they are rerun."""
+        per-process address (the CLI) their reports would go nowhere, so they are rerun.
+        ``replica_url``: this process's own address when ``api_url`` is shared by several
+        tuners (a Kubernetes Service): its claims record it, and a replica that gets a report
+        of a trial it does not run sends it there (:mod:`tuner.api.report_routing`)."""
         self.stable_api_url = stable_api_url
         #: The per-person caps (:mod:`tuner.limits`): every controller of this host asks
         #: :meth:`admits` before it launches, so one person's sweeps share one budget.
@@ -56,6 +60,7 @@ class SweepHost:
         self.settings = settings
         self.backends = backends
         self.api_url = api_url.rstrip("/") + "/"
+        self.replica_url = (replica_url or api_url).rstrip("/") + "/"
         self.registry = registry
         #: Watch every controller this host runs (:class:`ControllerObserver`).
         self.observers: list[ControllerObserver] = []
