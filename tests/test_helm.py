@@ -782,3 +782,32 @@ def test_on_a_cluster_notebooks_preempt_sweeps_and_sweeps_never_preempt(kube: An
     # it Pending. Either way it does not run beside the notebook.)
     wait_for(lambda: phase("high-trial") in ("Pending", None), 30, "the high trial to yield")
     assert phase("notebook") == "Running"
+
+
+def test_several_tuner_replicas_reach_each_other_and_roll() -> None:
+    """``tuner.replicas``: one Deployment of that many pods, each telling the others its own
+    address (its pod IP) for the reports they send on, the tuners' NetworkPolicy admitting
+    the other replicas; one replica (the default) is replaced whole and admits no tuner."""
+    values = example_values()
+    values["tuner"]["replicas"] = 3
+    objects = render(values)
+    deployment = find(objects, "Deployment", f"{RELEASE}-tuner")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    names = list(env)
+    assert names.index("POD_IP") < names.index("TUNEHUB_REPLICA_URL")  # $(POD_IP) expands
+    assert env["TUNEHUB_REPLICA_URL"]["value"].startswith("http://$(POD_IP):")
+
+    def tuner_peers(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        policy = find(objs, "NetworkPolicy", f"{RELEASE}-tuner")
+        return [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]
+                if peer.get("podSelector", {}).get("matchLabels", {}).get(
+                    "app.kubernetes.io/component") == "tuner"]
+
+    assert tuner_peers(objects)
+    single = render(example_values())
+    assert find(single, "Deployment", f"{RELEASE}-tuner")["spec"]["strategy"]["type"] == (
+        "Recreate")
+    assert tuner_peers(single) == []
