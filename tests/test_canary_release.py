@@ -1,12 +1,14 @@
 """Gradual release through the real ``tunehub model serve`` (issue 27): a share of the
-production route goes to the canary; after enough clean answers it takes production, and a
-canary that fails on some inputs is rolled back while its failed request is answered by
-production. Every move is in the versions' history with its reason."""
+production route goes to the canary; after enough clean answers (or enough time,
+``--canary-seconds``) it takes production, a canary that fails on some inputs is rolled back
+while its failed request is answered by production, and so is one slower than its latency
+bound. Every move is in the versions' history with its reason."""
 
 from __future__ import annotations
 
 import getpass
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,7 +75,21 @@ def _version(home: Home, tmp_path: Path, name: str, stage: str,
     model = tmp_path / "models" / name
     model.parent.mkdir(exist_ok=True)
     _python(home, SAVE, str(model), *([str(fail_above)] if fail_above is not None else []))
+    return _register(home, model, stage)
+
+
+def _register(home: Home, model: Path, stage: str) -> int:
     return int(_python(home, REGISTER, str(model), getpass.getuser(), stage))
+
+
+@pytest.fixture(scope="module")
+def doubler(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SavedModel of the doubler, registered as several versions by the tests below."""
+    model = tmp_path_factory.mktemp("doubler") / "model"
+    proc = subprocess.run([_interpreter(), "-c", SAVE, str(model)], text=True,
+                          capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return model
 
 
 def _versions(home: Home) -> dict[int, dict[str, Any]]:
@@ -150,3 +166,56 @@ def test_a_canary_is_rolled_forward_after_clean_traffic_and_back_on_errors(
     assert "input out of range" in reason
     # Production keeps answering, the rolled-back canary is no longer asked.
     assert _predict(url, 9.0) == [18.0] * 4
+
+
+def _stage(url: str, version: int) -> str:
+    """The version's stage as the server reports it (read from the registry, not cached)."""
+    r = httpx.get(f"{url}/versions/{version}", timeout=30)
+    assert r.status_code == 200, r.text
+    return str(r.json()["model_version_status"][0]["stage"])
+
+
+def test_a_canary_is_rolled_forward_by_time_before_its_count(
+    sqlite_home: Home, tmp_path: Path, serve: Any, doubler: Path,
+) -> None:
+    v1 = _register(sqlite_home, doubler, "production")
+    v2 = _register(sqlite_home, doubler, "canary")
+    # A count it never reaches: only the time rule can move it.
+    url = serve("--canary-share", "1", "--canary-requests", "1000", "--canary-seconds", "2")
+
+    assert _predict(url, 1.0) == [2.0] * 4  # the canary's one clean answer starts its clock
+    # No more traffic: the server's clock moves it once two seconds have passed.
+    wait_for(lambda: _stage(url, v2) == "production", timeout=120,
+             what="the canary to take production by time")
+    versions = _versions(sqlite_home)
+    assert (versions[v1]["stage"], versions[v2]["stage"]) == ("archived", "production")
+    reason = versions[v2]["history"][-1]["reason"]
+    said = re.fullmatch(r"canary v2: (\d+\.\d) s of traffic \(at least 2 s\), 1 requests "
+                        r"answered, 0 errors \(at most 0 allowed\): rolled forward", reason)
+    assert said is not None, reason
+    assert float(said.group(1)) >= 2.0
+    assert versions[v1]["history"][-1]["reason"] == f"v2 took production: {reason}"
+    assert _predict(url, 1.0) == [2.0] * 4  # v2 answers as production now
+
+
+def test_a_canary_over_its_latency_bound_is_rolled_back_with_both_figures(
+    sqlite_home: Home, tmp_path: Path, serve: Any, doubler: Path,
+) -> None:
+    v1 = _register(sqlite_home, doubler, "production")
+    v2 = _register(sqlite_home, doubler, "canary")
+    # A bound no real answer meets (a microsecond): the canary is correct but too slow.
+    url = serve("--canary-share", "1", "--canary-requests", "3", "--canary-latency-ms", "0.001")
+
+    for _ in range(3):  # every request to the canary; each answered (200) and timed
+        assert _predict(url, 1.0) == [2.0] * 4
+    versions = _versions(sqlite_home)
+    assert (versions[v1]["stage"], versions[v2]["stage"]) == ("production", "archived")
+    reason = versions[v2]["history"][-1]["reason"]
+    said = re.fullmatch(r"canary v2 rolled back: p95 latency (\d+\.\d) ms over 3 requests is "
+                        r"over the bound of 0.001 ms", reason)
+    assert said is not None, reason
+    assert float(said.group(1)) > 0.001
+    assert versions[v1]["history"][-1]["stage"] == "production"  # production never moved
+    # No canary left: production answers the route, the canary label is gone.
+    assert _predict(url, 1.0) == [2.0] * 4
+    assert httpx.get(f"{url}/labels/canary", timeout=30).status_code == 404

@@ -1,7 +1,8 @@
 """The Pareto front on the Sweeps page, in a real browser (issue 27's browser test): a digits
 sweep where width buys accuracy and costs size, with a size budget; the page draws the trials,
 the front, the budget as a line and the promoted model as a star, and the star is the best
-model within the budget, not the most accurate one."""
+model within the budget, not the most accurate one. The notebook's ``sweep.plot()`` on the same
+sweep returns the same Pareto figure."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
 from tests.sweeps_helpers import write_sweep
 from tests.test_promotion_budget import SPACE, TRAIN
+from tuner.sdk.client import Sweep, TunerClient
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +74,22 @@ def test_the_pareto_front_budget_and_chosen_model_are_drawn(tmp_path: Path) -> N
         within = [t for t in trials.values() if t["metrics"]["model_size_mb"] <= BUDGET_MB]
         best_within = max(within, key=lambda t: t["value"])
         assert trials[1024]["metrics"]["model_size_mb"] > BUDGET_MB  # the widest breaks it
+
+        # The notebook's sweep.plot() on the same finished sweep: the Pareto figure with the
+        # budget line and the chosen model, as the page draws it.
+        client = TunerClient(url=f"{hub.url}services/tuner", token=hub.token("ana", SUBMIT))
+        figures = Sweep.get(sweep_id, client=client).plot()
+        assert {"history", "pareto"} <= set(figures), list(figures)
+        pareto = figures["pareto"]
+        names = [t.name for t in pareto.data]
+        assert names[:2] == ["trials", "Pareto front"], names
+        assert names[2] == f"chosen: trial {best_within['number']}", names
+        star = pareto.data[2]
+        assert (list(star.x), list(star.y)) == ([best_within["metrics"]["model_size_mb"]],
+                                                [best_within["value"]])
+        assert [shape.x0 for shape in pareto.layout.shapes] == [BUDGET_MB]  # the budget line
+        assert pareto.layout.xaxis.title.text == "model_size_mb (minimize)"
+        client.http.close()
 
         drawn = _pareto(hub.url, "ana", sweep_id)
         assert drawn["chosen"] == str(best_within["number"]), (drawn, trials)

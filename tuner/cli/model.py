@@ -45,9 +45,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="release the canary gradually: this share of the production "
                             "route's requests goes to it (e.g. 0.1)")
     serve.add_argument("--canary-requests", type=_version, default=100, metavar="N",
-                       help="clean canary answers after which it takes production (100)")
-    serve.add_argument("--canary-errors", type=int, default=0, metavar="N",
-                       help="canary errors tolerated; one more rolls it back (0)")
+                       help="clean canary answers after which it takes production, within "
+                            "its bounds (100)")
+    serve.add_argument("--canary-seconds", type=_seconds, default=None, metavar="S",
+                       help="or: seconds since the canary's first request after which it "
+                            "takes production, within its bounds, once it has answered one "
+                            "request cleanly; whichever of requests or seconds comes first "
+                            "(no time rule)")
+    serve.add_argument("--canary-errors", type=_count, default=None, metavar="N",
+                       help="canary errors tolerated; one more rolls it back at once (0; no "
+                            "count bound when --canary-error-rate is given)")
+    serve.add_argument("--canary-error-rate", type=_rate, default=None, metavar="FRACTION",
+                       help="when the canary is judged (requests or seconds), its errors over "
+                            "the requests it took must be within this, else it is rolled back "
+                            "(e.g. 0.01; no rate bound)")
     serve.add_argument("--canary-latency-ms", type=_milliseconds, default=None, metavar="MS",
                        help="the canary's p95 latency must be within this to take production; "
                             "over it, the canary is rolled back (no bound)")
@@ -68,6 +79,32 @@ def _share(text: str) -> float:
     if not 0 < share <= 1:
         raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
     return share
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {text!r}")
+    return int(text)
+
+
+def _rate(text: str) -> float:
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not 0 <= rate < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return rate
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return seconds
 
 
 def _milliseconds(text: str) -> float:
@@ -166,10 +203,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.canary_share is not None:
         from tuner.serving.canary import CanaryPolicy
 
-        canary = CanaryPolicy(args.canary_share, args.canary_requests,
-                              max(0, args.canary_errors), args.canary_latency_ms)
+        errors = args.canary_errors
+        if errors is None and args.canary_error_rate is None:
+            errors = 0
+        canary = CanaryPolicy(share=args.canary_share, promote_after=args.canary_requests,
+                              max_errors=errors, max_p95_ms=args.canary_latency_ms,
+                              promote_after_seconds=args.canary_seconds,
+                              max_error_rate=args.canary_error_rate)
+        when = f"{args.canary_requests} clean answers"
+        if args.canary_seconds is not None:
+            when += f" or {args.canary_seconds:g} s, whichever comes first"
         console.print(f"canary release: {args.canary_share:g} of requests to the canary, "
-                      f"production after {args.canary_requests} clean answers")
+                      f"production after {when}")
     try:
         asyncio.run(serve(reg, args.name, args.host, args.port, canary))
     except OSError as exc:

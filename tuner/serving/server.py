@@ -23,6 +23,7 @@ import time
 from collections import Counter as Tally
 from typing import Any
 
+import tornado.ioloop
 import tornado.web
 from prometheus_client import Counter, Histogram
 
@@ -77,9 +78,12 @@ class ModelServer:
         canary's)."""
         if self.canary is not None and self.canary.goes_to_canary():
             try:
-                return self.version_for("canary"), True
+                version = self.version_for("canary")
             except NotFound:
                 pass  # no canary now: production takes it
+            else:
+                self.canary.routed(version)  # its time starts at its first request
+                return version, True
         return self.version_for("production"), False
 
     def canary_answered(self, version: int, seconds: float) -> None:
@@ -90,18 +94,39 @@ class ModelServer:
         if self.canary is not None:
             self._move(version, self.canary.failed(version, error))
 
+    def canary_due(self) -> None:
+        """Between requests: a canary whose time has come (``--canary-seconds``) moves even
+        when no request arrives to judge it. (Called on the event loop, as every other
+        counting call: the version read here is the one ``due`` judges.)"""
+        if self.canary is not None and self.canary.version is not None:
+            self._move(self.canary.version, self.canary.due())
+
     def _move(self, version: int, move: CanaryMove | None) -> None:
-        """Carry out what the canary's counters decided, with its reason in the history."""
-        if move is None:
+        """Carry out what the canary's counters decided, with its reason in the history; not
+        when the version is no longer the canary (moved by hand meanwhile). A move the
+        registry cannot make now (its database away) is judged again later."""
+        if move is None or self.canary is None:
             return
-        if move.forward:
-            self.registry.promote(self.model, version, "production", is_admin=True,
-                                  reason=f"{move.reason}: rolled forward")
-            log.info("%s", move.reason)
-        else:
-            self.registry.retire(self.model, version, move.reason)
-            log.warning("%s", move.reason)
-        self._stages.clear()
+        try:
+            current = self.registry.at_stage(self.model, "canary")
+            if current is None or current.version != version:
+                log.info("canary v%s: no longer the canary, not moved (%s)", version,
+                         move.reason)
+            elif move.forward:
+                self.registry.promote(self.model, version, "production", is_admin=True,
+                                      reason=f"{move.reason}: rolled forward")
+                log.info("%s", move.reason)
+            else:
+                self.registry.retire(self.model, version, move.reason)
+                log.warning("%s", move.reason)
+        except Exception as exc:  # e.g. the database away: served on, moved later
+            log.warning("canary v%s: could not move it (%s): %s; judged again later", version,
+                        move.reason, exc)
+            self.canary.reopen(version)
+            return
+        finally:
+            self._stages.clear()
+        self.canary.forget(version)
 
     def load(self, version: int) -> Any:
         if version not in self._loaded:
@@ -301,9 +326,19 @@ async def serve(registry: Registry, model: str, host: str, port: int,
                 canary: CanaryPolicy | None = None) -> None:
     """Serve until cancelled."""
     registry.versions(model)  # an unknown model is an error now, not at the first request
-    app = make_app(registry, model, canary=canary)
+    models = ModelServer(registry, model, setting("TUNEHUB_SERVE_MAX_CLIENT_REQUESTS").number(),
+                         canary=canary)
+    app = make_app(registry, model, server=models)
     server = app.listen(port, host)
+    clock = None
+    if canary is not None and canary.promote_after_seconds is not None:
+        # The canary's time is judged by the clock too, not only when an answer comes.
+        every_ms = min(1000.0, max(50.0, canary.promote_after_seconds * 250))
+        clock = tornado.ioloop.PeriodicCallback(models.canary_due, every_ms)
+        clock.start()
     try:
         await asyncio.Event().wait()
     finally:
+        if clock is not None:
+            clock.stop()
         server.stop()
