@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from pathlib import Path
 
 import pytest
 
+from tests.polling import wait_for
 from tuner.serving import cost
 from tuner.serving.cost import CostError, CostMethod, ModelProcess, measure_trial_model
 
@@ -73,3 +75,67 @@ def test_a_process_holding_a_service_account_token_runs_no_model(
     (model / "saved_model.pb").write_bytes(b"never loaded")
     with pytest.raises(CostError, match="ServiceAccount token"):
         cost.measure(model, ModelProcess(dict(os.environ)), QUICK)
+
+
+def _tcp_listening_inodes() -> set[str]:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                inodes.add(fields[9])
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(target[len("socket:["):-1])
+    return found
+
+
+@pytest.mark.slow
+def test_the_measuring_server_listens_on_no_port(tmp_path: Path) -> None:
+    """Its socket is a Unix one the tuner bound in a directory of its own and handed over:
+    nobody else on the machine can reach the model's server or take its address first."""
+    trusted = tmp_path / "sweeps"
+    model = trusted / "model"
+    _leaky_model(model, tmp_path / "loot")
+    result: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: result.update(figures=measure_trial_model(
+        model, trusted, 50_000_000, ModelProcess.of_owner(None), QUICK)))
+    worker.start()
+    seen: dict[int, set[str]] = {}
+
+    def servers() -> list[int]:
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    cmdline = (entry / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"tuner.serving.cost" in cmdline and b"tunehub-cost-" in cmdline:
+                    pids.append(int(entry.name))
+        return pids
+
+    def serving() -> bool:
+        # Once the server answers (the loot is written by its first prediction), look at
+        # every socket it holds.
+        for pid in servers():
+            try:
+                seen[pid] = _socket_inodes(pid)
+            except OSError:
+                continue
+        return (tmp_path / "loot").exists() and bool(seen) and any(seen.values())
+
+    wait_for(serving, timeout=300, what="the measuring server to answer")
+    listening = _tcp_listening_inodes()
+    worker.join(300)
+    assert "figures" in result
+    assert all(not (inodes & listening) for inodes in seen.values()), seen

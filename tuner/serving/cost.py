@@ -12,7 +12,8 @@ For each trial that saved a model, in a sweep that uses these figures (as object
    inter-op thread pools at 1, so every model gets the same budget whatever the machine;
 3. sends ``warmup`` requests it does not count (graph tracing, first allocations), then
    ``requests`` ``POST /v1/models/NAME:predict`` requests of ``batch_size`` rows (zeros of the
-   signature's shape) from ``concurrency`` keep-alive HTTP clients over loopback, and records
+   signature's shape) from ``concurrency`` keep-alive HTTP clients over a Unix socket in a
+   directory only the platform can enter (no port), and records
    the latency of each from the client's side: ``serving_latency_p50_ms`` and
    ``serving_latency_p95_ms`` (nearest-rank percentiles).
 
@@ -35,6 +36,7 @@ import http.client
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -155,26 +157,50 @@ def _rank(ordered: list[float], q: float) -> float:
     return ordered[index]
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the measuring server's Unix socket."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=60)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.path)
+        self.sock = sock
+
+
 def _timed_requests(model_dir: Path, method: CostMethod,
                     process: ModelProcess) -> list[float]:
     env = {**process.env, "TF_CPP_MIN_LOG_LEVEL": "2"}
     cpus = ",".join(str(c) for c in sorted(budget_cpus(method.cpus)))
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tuner.serving.cost", str(model_dir), cpus],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-        preexec_fn=process.become, cwd="/",
-    )
+    # The server listens on a socket this process binds in a directory of its own (mode
+    # 0700) and hands over: no port anyone else on the machine could reach or take first.
+    where = tempfile.mkdtemp(prefix="tunehub-cost-socket-")
+    path = os.path.join(where, "server.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        listener.listen(64)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tuner.serving.cost", str(model_dir), cpus,
+             str(listener.fileno())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            preexec_fn=process.become, cwd="/", pass_fds=(listener.fileno(),),
+        )
+    finally:
+        listener.close()  # the child holds it now
     try:
         hello = _first_line(child, START_TIMEOUT)
         body = json.dumps(_request_body(hello["inputs"], method.batch_size)).encode()
-        port = int(hello["port"])
         for _ in range(method.warmup):
-            _predict(http.client.HTTPConnection("127.0.0.1", port, timeout=60), body)
+            _predict(_UnixConnection(path), body)
         per_client = [method.requests // method.concurrency] * method.concurrency
         per_client[0] += method.requests - sum(per_client)
 
         def client(n: int) -> list[float]:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn = _UnixConnection(path)
             try:
                 return [_predict(conn, body) for _ in range(n)]
             finally:
@@ -192,10 +218,11 @@ def _timed_requests(model_dir: Path, method: CostMethod,
         for stream in (child.stdin, child.stdout, child.stderr):
             if stream is not None:
                 stream.close()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _first_line(child: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
-    """The child's one line: its port and its signature's inputs (read in a thread, so a
+    """The child's one line: its signature's inputs (read in a thread, so a
     child that hangs is given up on)."""
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append(child.stdout.readline()  # type: ignore[union-attr]
@@ -242,17 +269,16 @@ def _predict(conn: http.client.HTTPConnection, body: bytes) -> float:
 # --- the measuring server (the child) ---------------------------------------------------------
 
 
-def _serve(model_dir: str, cpu_list: str) -> None:
+def _serve(model_dir: str, cpu_list: str, listener: int) -> None:
     """Pinned to ``cpu_list`` ("3" or "2,3"), one thread per pool per CPU, the serving app over
-    one model; says its port and inputs on stdout and serves until stdin closes or it is
-    terminated."""
+    one model on the socket it was handed (file descriptor ``listener``); says its inputs on
+    stdout and serves until stdin closes or it is terminated."""
     cpus = {int(c) for c in cpu_list.split(",")}
     os.sched_setaffinity(0, cpus)
     import asyncio
 
     import tensorflow as tf
     import tornado.httpserver
-    import tornado.netutil
 
     from tuner.serving.server import ModelServer, make_app
 
@@ -281,11 +307,11 @@ def _serve(model_dir: str, cpu_list: str) -> None:
 
     async def main() -> None:
         app = make_app(None, MEASURED, server=server)  # type: ignore[arg-type]
-        sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        sock = socket.socket(fileno=listener)
+        sock.setblocking(False)
         http_server = tornado.httpserver.HTTPServer(app)
-        http_server.add_sockets(sockets)
-        port = sockets[0].getsockname()[1]
-        print(json.dumps({"port": port, "inputs": inputs}), flush=True)
+        http_server.add_sockets([sock])
+        print(json.dumps({"inputs": inputs}), flush=True)
         closed = asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
         await closed  # the parent went away, or closed our stdin
 
@@ -294,4 +320,4 @@ def _serve(model_dir: str, cpu_list: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], sys.argv[2])
+    _serve(sys.argv[1], sys.argv[2], int(sys.argv[3]))
