@@ -17,6 +17,7 @@ def all_benchmarks() -> list[Benchmark]:
     from benchmarks.kubernetes import KubernetesBenchmark
     from benchmarks.overhead import OverheadBenchmark
     from benchmarks.pool import PoolBenchmark
+    from benchmarks.reports import ReportsBenchmark
     from benchmarks.resume import ResumeBenchmark
     from benchmarks.scale import ScaleBenchmark
     from benchmarks.search import SearchBenchmark
@@ -28,6 +29,7 @@ def all_benchmarks() -> list[Benchmark]:
     return [
         OverheadBenchmark(),
         ScaleBenchmark(),
+        ReportsBenchmark(),
         ResumeBenchmark(),
         TpeViewBenchmark(),
         DigitsBenchmark(),
