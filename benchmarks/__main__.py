@@ -80,7 +80,8 @@ SIZE_KEYS = {
     "kubernetes": "kube_trials (500)",
     "hub": "hub_users (50)",
     "pool": "pool_hours (9: simulated day at 64 GPUs), pool_scale_hours (3: at 1,000 GPUs)",
-    "faults": "none (the fault tests' own sizes)",
+    "faults": "faults_outage_s (the database outage tests' own 15 s; 300: issue 29's "
+              "5-minute outage)",
 }
 
 

@@ -14,6 +14,10 @@ import os
 from dataclasses import asdict, dataclass
 
 ENV = "TUNEHUB_FAULT_RECORDS"
+#: How long the database outage tests keep their PostgreSQL down, in seconds, when set
+#: (``python -m benchmarks faults --set faults_outage_s=300`` measures a 5-minute outage once;
+#: the suite keeps each test's own short default).
+OUTAGE_ENV = "TUNEHUB_FAULT_OUTAGE_S"
 
 
 @dataclass
@@ -26,6 +30,13 @@ class FaultRecord:
     lost: int  # trials or results lost (target 0)
     recover_s: float  # from the end of the fault to work going on again
     seen: str  # what the person saw
+
+
+def outage_seconds(default: float) -> float:
+    """How long a database outage test keeps its database down: ``TUNEHUB_FAULT_OUTAGE_S``
+    when set, else ``default``."""
+    value = os.environ.get(OUTAGE_ENV)
+    return float(value) if value else default
 
 
 def record(row: FaultRecord) -> None:

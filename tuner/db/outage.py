@@ -26,6 +26,7 @@ from typing import ParamSpec, TypeVar
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from tunehub_base.outage import OUTAGE_SECONDS, RETRY_AFTER_SECONDS
 from tuner.errors import Unavailable
 
 __all__ = [
@@ -43,10 +44,9 @@ __all__ = [
 
 log = logging.getLogger("tunehub.db")
 
-#: What a 503 tells the client to wait before it asks again.
-RETRY_AFTER_SECONDS = 2
-#: How long a waiting caller waits in all before it gives up and reports the outage.
-OUTAGE_SECONDS = 900.0
+# OUTAGE_SECONDS (how long a waiting caller waits in all) and RETRY_AFTER_SECONDS (a 503's
+# Retry-After) are the floor's (tunehub_base.outage): the notebook client and the trial SDK
+# wait out the same outage without importing this module.
 _FIRST_DELAY, _MAX_DELAY = 0.5, 5.0
 
 P = ParamSpec("P")

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from tunehub_base.outage import OUTAGE_SECONDS
 from tunehub_base.tls import api_context
 from tuner.errors import Conflict, Forbidden, NotFound, TunehubError, Unauthorized
 from tuner.lifecycle.states import SweepState, TrialState, trials_done
@@ -25,9 +26,6 @@ from tuner.sdk.run_function import COMMAND as FUNCTION_COMMAND
 from tuner.spec import SpecError, SweepSpec
 
 log = logging.getLogger("tunehub.client")
-
-#: How long a request is sent again while the tuner answers 503 (its database away).
-UNAVAILABLE_RETRY_SECONDS = 300.0
 
 _ERRORS: dict[int, type[TunehubError]] = {
     401: Unauthorized,
@@ -53,6 +51,8 @@ class TunerClient:
         # tuner (TUNEHUB_API_CA and its name) before the token is sent.
         self.http = httpx.Client(headers=headers, timeout=60, trust_env=False,
                                  verify=api_context() or True)
+        #: Since when the tuner answers 503 (its database away), while it does.
+        self._unavailable_since: float | None = None
 
     def request(self, method: str, path: str, json: Any = None) -> Any:
         response = self._send(method, path, json)
@@ -69,31 +69,50 @@ class TunerClient:
             return response.json()
         return response.text
 
-
-
     def _send(self, method: str, path: str, json: Any) -> httpx.Response:
         """One request, sent again while the tuner answers 503 (its database is away for a
-        while) for up to ``UNAVAILABLE_RETRY_SECONDS``, after its ``Retry-After``; the wait
-        is said once."""
-        deadline = time.monotonic() + UNAVAILABLE_RETRY_SECONDS
-        delay, said = 0.5, False
+        while), after its ``Retry-After``, for up to :data:`OUTAGE_SECONDS` from the first
+        503: the bound the tuner's controllers wait an outage out for, so a call gives up
+        only once the sweeps behind it have too. The outage is said once per client (and
+        that it is over), not once per call."""
+        deadline: float | None = None
+        delay = 0.5
         while True:
             try:
                 response = self.http.request(method, self.url + path.lstrip("/"), json=json)
             except httpx.HTTPError as exc:
                 raise TunehubError(f"cannot reach the tuner at {self.url}: {exc}") from None
-            if response.status_code != 503 or time.monotonic() > deadline:
+            if response.status_code != 503:
+                if self._unavailable_since is not None:
+                    log.warning("the tuner answers again after %.0f s; carrying on",
+                                time.time() - self._unavailable_since)
+                    self._unavailable_since = None
                 return response
-            if not said:
-                said = True
-                log.warning("the tuner's database is unreachable since %s, retrying",
-                            time.strftime("%H:%M:%S"))
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + OUTAGE_SECONDS
+            elif now > deadline:
+                return response
+            if self._unavailable_since is None:
+                self._unavailable_since = time.time()
+                log.warning("the tuner is unavailable since %s (%s), retrying",
+                            time.strftime("%H:%M:%S"), _error_of(response))
             try:
                 delay = max(delay, float(response.headers.get("Retry-After", delay)))
             except ValueError:
                 pass
             time.sleep(min(delay, 10.0))  # backoff between retries of an unavailable service
             delay = min(delay * 2, 10.0)
+
+
+def _error_of(response: httpx.Response) -> str:
+    """The error a tuner's answer gives (its JSON body's), for a message."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:200] or f"HTTP {response.status_code}"
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error) if error else f"HTTP {response.status_code}"
 
 
 class SweepPlots(dict[str, Any]):

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tunehub_base.outage import OUTAGE_SECONDS
 from tunehub_base.tls import api_context
 
 ENV_PARAMS = "TUNEHUB_PARAMS"
@@ -42,9 +43,9 @@ ENV_API_SOCKET = "TUNEHUB_API_SOCKET"
 
 # How long a report keeps retrying an unreachable controller before giving up on that report.
 REPORT_RETRY_SECONDS = 60.0
-# How long it keeps retrying while the tuner answers 503 (its database is away, a restart or
-# a failover): the trial's results must not be lost to an outage of a few minutes.
-REPORT_OUTAGE_SECONDS = 900.0
+# While the tuner answers 503 (its database is away, a restart or a failover) it keeps
+# retrying for as long as the controllers wait the outage out (OUTAGE_SECONDS): the trial's
+# results must not be lost to an outage of a few minutes.
 
 
 class Pruned(Exception):
@@ -191,7 +192,7 @@ def _post(path: str, body: dict[str, Any]) -> dict[str, Any]:
                 raise RuntimeError(f"tunehub refused the report ({status}): {detail}")
             error: Exception = RuntimeError(f"HTTP {status}")
             if status == 503:  # the tuner is up, its database is not: wait for it longer
-                deadline = max(deadline, started + REPORT_OUTAGE_SECONDS)
+                deadline = max(deadline, started + OUTAGE_SECONDS)
         except (OSError, TimeoutError, _TransportError) as exc:
             error = exc
         if time.monotonic() > deadline:

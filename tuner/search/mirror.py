@@ -16,8 +16,12 @@ rebuilt from the database rather than trusted.
 
 The controller asks in a worker thread (sampling and the database insert overlap the running
 trials without holding up its event loop) while reports and tells arrive on the loop: every
-call that reads or changes the study holds :attr:`StudyMirror.lock`, so the sampler never sees
-a study changing under it.
+call that reads or changes the memory study holds :attr:`StudyMirror.lock`, so the sampler never
+sees a study changing under it. No write to the database is made holding that lock: a
+controller waits a database outage out inside its write (:mod:`tuner.db.outage`), and the
+trials' reports, which take the lock on the event loop, must be answered meanwhile (503), not
+stall the whole service behind it. Asks write their trials one at a time
+(:attr:`StudyMirror._asking`), so the database numbers them in the memory study's order.
 
 Optuna is used through ``Study.ask``/``tell``/``add_trials``, and for what ``Study`` does not offer
 (the trial id a new trial gets, a parameter completed after a crash) through trial handles and the
@@ -121,8 +125,13 @@ class StudyMirror:
         self, spec: SweepSpec, study_name: str, url: str, sampler: BaseSampler | None = None
     ) -> None:
         """``sampler``: the spec's unless given (a test's recording sampler)."""
-        # Held by every call that reads or changes the study (see the module docstring).
+        # Held by every call that reads or changes the memory study (see the module
+        # docstring), never across a database write.
         self.lock = threading.RLock()
+        # Held by an ask from its sample to its database insert: one ask at a time, so the
+        # database numbers trials as the memory study did. (Taken before ``lock``, never
+        # while holding it.)
+        self._asking = threading.Lock()
         self._storage: BaseStorage = storage_for(url)
         # The database study only records: its sampler is never asked for a suggestion
         # (``tell`` calls ``after_trial`` on it, which must cost nothing).
@@ -177,24 +186,27 @@ class StudyMirror:
         """The sampler proposes on the memory study; the trial is then written to the database
         in one insert, with every parameter (so a crash leaves either no trial or a whole
         one)."""
-        with self.lock:
-            trial = self.memory.ask(distributions)
-            if self._pruner_view is not None:
-                self._pruner_view.started(trial.number)
-            frozen = self._memory_storage.get_trial(self.memory_trial_id(trial.number))
+        with self._asking:
+            with self.lock:
+                trial = self.memory.ask(distributions)
+                if self._pruner_view is not None:
+                    self._pruner_view.started(trial.number)
+                frozen = self._memory_storage.get_trial(self.memory_trial_id(trial.number))
+            # Without the lock: an outage is waited out here while reports go on.
             trial_id = self.write(self._storage.create_new_trial, self._db_study_id, frozen)
             number = trial.number
             # One indexed read says whether the database numbered it the same (else another
             # writer added trials: rebuild).
             if patient(self._storage.get_trial_id_from_study_id_trial_number)(
                     self._db_study_id, number) != trial_id:
-                number = self._storage.get_trial(trial_id).number
+                number = patient(self._storage.get_trial)(trial_id).number
                 log.warning(
                     "study %s: trial %d in memory is %d in the database (another writer?); "
                     "rebuilding the mirror", self.db.study_name, trial.number, number,
                 )
                 self.rebuild()
-            self._db_ids[number] = trial_id
+            with self.lock:
+                self._db_ids[number] = trial_id
             return Asked(number, trial_id, dict(trial.params))
 
     def trial(self, number: int, trial_id: int) -> MirroredTrial:
@@ -220,15 +232,21 @@ class StudyMirror:
             told = self.memory.tell(trial, values, state=state, skip_if_finished=skip_if_finished)
             if self._pruner_view is not None:
                 self._pruner_view.finished(trial)
-            try:
-                self.write(self.storage.set_trial_state_values,
-                           self.db_trial_id(trial), told.state, told.values)
-            except UpdateFinishedTrialError:
-                if not skip_if_finished:
-                    raise
-                # Finished in the database behind our back (another writer): take its copy.
-                return self.get_trials(deepcopy=True)[trial]
-            return told
+            db_id = self._db_ids.get(trial)
+        if db_id is None:  # a trial this mirror did not create: its id, read once
+            db_id = patient(self._storage.get_trial_id_from_study_id_trial_number)(
+                self._db_study_id, trial)
+            with self.lock:
+                self._db_ids[trial] = db_id
+        try:
+            # Without the lock: an outage is waited out here while reports go on.
+            self.write(self.storage.set_trial_state_values, db_id, told.state, told.values)
+        except UpdateFinishedTrialError:
+            if not skip_if_finished:
+                raise
+            # Finished in the database behind our back (another writer): take its copy.
+            return self.get_trials(deepcopy=True)[trial]
+        return told
 
     def write(self, method: Callable[..., Any], *args: Any) -> Any:
         """A write to the database study after the memory one: if it fails, the memory study
