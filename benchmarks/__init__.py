@@ -14,6 +14,7 @@ def all_benchmarks() -> list[Benchmark]:
     from benchmarks.digits import DigitsBenchmark
     from benchmarks.faults import FaultsBenchmark
     from benchmarks.hub import HubBenchmark
+    from benchmarks.hub_scale import HubScaleBenchmark
     from benchmarks.kubernetes import KubernetesBenchmark
     from benchmarks.overhead import OverheadBenchmark
     from benchmarks.pool import PoolBenchmark
@@ -38,6 +39,7 @@ def all_benchmarks() -> list[Benchmark]:
         WarmImportsBenchmark(),
         KubernetesBenchmark(),
         HubBenchmark(),
+        HubScaleBenchmark(),
         PoolBenchmark(),
         FaultsBenchmark(),
         ServingCostBenchmark(),
