@@ -54,6 +54,7 @@ from tuner.backends.local.multiworker import (
     tf_config,
 )
 from tuner.backends.local.netns import enter_as_root
+from tuner.backends.local.no_space import no_space_reason
 from tuner.backends.local.parent_death import die_with_parent as _die_with_parent
 from tuner.backends.local.preload_child import preload_in_child
 from tuner.backends.local.processes import (
@@ -451,6 +452,10 @@ class LocalBackend(Backend):
                                        imported_after_start=late))
         else:
             reason = attempt.stop_reason or reason or describe_exit(code)
+            if attempt.stop_reason is None:  # (its own failure: did the disk run out?)
+                reason = no_space_reason(reason, attempt.log.chief_tail(),
+                                         attempt.log.write_error(),
+                                         self._artifacts(launch)) or reason
             await self.emit(TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED, code,
                                        reason, imported_after_start=late))
 

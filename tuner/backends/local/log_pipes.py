@@ -15,7 +15,6 @@ never opens it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from pathlib import Path
 
@@ -23,6 +22,9 @@ from tuner import untrusted_files
 
 #: The end of each non-chief worker's output that is kept for the trial's log.
 WORKER_LOG_BYTES = 1 << 20
+#: The end of the chief's output kept in memory besides its log: what the attempt said last
+#: is read from there when it fails, even when the log could not take it (a full disk).
+CHIEF_TAIL_BYTES = 16 << 10
 #: How long the output of an attempt whose processes have exited may still take to drain (a
 #: process it left behind may hold the pipe open: its output is then no longer read).
 DRAIN_SECONDS = 2.0
@@ -35,16 +37,20 @@ class _Reader(asyncio.Protocol):
         self.sink = sink
         self.kept = bytearray()
         self.dropped = 0
+        self.write_error: OSError | None = None  # the first write to the log that failed
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes) -> None:
+        limit = WORKER_LOG_BYTES
         if self.sink is not None:
-            with contextlib.suppress(OSError):  # a full disk must not stop the tuner
+            limit = CHIEF_TAIL_BYTES
+            try:
                 os.write(self.sink, data)
-            return
+            except OSError as exc:  # a full disk must not stop the tuner: said in the reason
+                self.write_error = self.write_error or exc
         self.kept += data
-        if len(self.kept) > WORKER_LOG_BYTES:
-            extra = len(self.kept) - WORKER_LOG_BYTES
+        if len(self.kept) > limit:
+            extra = len(self.kept) - limit
             del self.kept[:extra]
             self.dropped += extra
 
@@ -73,6 +79,15 @@ class AttemptLog:
 
     def write(self, text: str) -> None:
         os.write(self.fd, text.encode())
+
+    def chief_tail(self) -> bytes:
+        """The end of the chief's output (the last :data:`CHIEF_TAIL_BYTES`), as it came,
+        whether or not the log could take it."""
+        return bytes(self._readers[0][0].kept) if self._readers else b""
+
+    def write_error(self) -> OSError | None:
+        """The first error writing the chief's output to the log (``ENOSPC``: a full disk)."""
+        return self._readers[0][0].write_error if self._readers else None
 
     async def pipe(self) -> int:
         """A new pipe for the next worker (the first is the chief); returns the write end the
