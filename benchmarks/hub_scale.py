@@ -323,6 +323,11 @@ class Sampler:
             if pid not in table:
                 continue
             own = table[pid]
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # Time the process's main thread was ready to run but waited for a CPU (the
+                # scheduler's run queue): the machine's share, not the process's own cost.
+                waited = int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+                cpu[f"{name} (waited)"] = waited
             if name in ("postgres", "tuner"):
                 # The server's backends / the tuner's trials (and warm-start processes), live
                 # and reaped.
@@ -360,7 +365,8 @@ class Sampler:
         t0, first = self.samples[0]
         t1, last = self.samples[-1]
         out: dict[str, dict[str, float]] = {}
-        for name in sorted({k for _, s in self.samples for k in s}):
+        names = sorted({k for _, s in self.samples for k in s if not k.endswith(" (waited)")})
+        for name in names:
             start = next((s[name] for _, s in self.samples if name in s), 0.0)
             used = last.get(name, start) - (first.get(name, start))
             peak = 0.0
@@ -372,6 +378,10 @@ class Sampler:
             out[name] = {"cpu_s": used, "mean_cores": used / (t1 - t0) if t1 > t0 else 0.0,
                          "peak_cores": peak,
                          "peak_rss_mib": self.peak_rss.get(name, 0) / 2**20}
+            key = f"{name} (waited)"
+            if key in last:
+                waited_from = next((s[key] for _, s in self.samples if key in s), 0.0)
+                out[name]["waited_s"] = last[key] - waited_from
         return out
 
 
@@ -815,13 +825,15 @@ class HubScaleBenchmark(Benchmark):
             lines.append(f"- {reason}")
         procs = result.get("processes", {})
         if procs:
-            lines += ["", "What each part used over the run (CPU from /proc; busiest ~10 s; "
-                      "peak resident memory):", "",
-                      "| process | CPU s | mean cores | busiest cores | peak RSS |",
-                      "|---|---|---|---|---|"]
+            lines += ["", "What each part used over the run (from /proc: CPU, the busiest ~10 s, "
+                      "time its main thread was ready to run but waited for a CPU, i.e. what the "
+                      "machine's other load took from it, and peak resident memory):", "",
+                      "| process | CPU s | mean cores | busiest cores | waited for a CPU | "
+                      "peak RSS |", "|---|---|---|---|---|---|"]
             for name, p in procs.items():
+                waited = f"{p['waited_s']:.0f} s" if "waited_s" in p else "–"
                 lines.append(f"| {name} | {p['cpu_s']:.0f} | {p['mean_cores']:.2f} | "
-                             f"{p['peak_cores']:.2f} | {p['peak_rss_mib']:.0f} MiB |")
+                             f"{p['peak_cores']:.2f} | {waited} | {p['peak_rss_mib']:.0f} MiB |")
         lines += ["", "Limits the hub ran with, as a deployment for "
                   f"{n} people sets them:", ""]
         for key, value in result.get("limits", {}).items():
