@@ -68,7 +68,7 @@ def run_tunehub(home: Path, url: str, trials: int, profile: Path | None,
     from benchmarks._tunehub import Probe, optuna_probe, patched, run_sweep, settings_for
     from tuner.backends.instant import InstantBackend
     from tuner.db import Database
-    from tuner.search.study import storage_for
+    from tuner.search.study import forget_storages, storage_for
     from tuner.spec import SweepSpec
 
     settings = settings_for(home, url)
@@ -88,7 +88,7 @@ def run_tunehub(home: Path, url: str, trials: int, profile: Path | None,
         db.dispose()
         with contextlib.suppress(Exception):
             storage_for(url).engine.dispose()
-        storage_for.cache_clear()
+        forget_storages()
     if profiler is not None and profile is not None:
         profile.parent.mkdir(parents=True, exist_ok=True)
         profiler.dump_stats(str(profile))

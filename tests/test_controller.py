@@ -27,7 +27,7 @@ from tuner.lifecycle.states import IllegalTransition, SweepState, TrialState
 from tuner.scheduling.host import SweepHost
 from tuner.scheduling.report_writer import ReportRow, ReportWriter
 from tuner.search.mirror import StudyMirror
-from tuner.search.study import storage_for
+from tuner.search.study import forget_storages, storage_for
 from tuner.spec import SweepSpec
 from tuner.sweep_store import Actor, SweepStore
 
@@ -107,7 +107,7 @@ async def lab(tmp_path: Path, db_url: str) -> AsyncIterator[Lab]:
         await engine.close()
     lab.db.dispose()
     storage_for(db_url).engine.dispose()
-    storage_for.cache_clear()
+    forget_storages()
 
 
 def assert_in_step_with_optuna(lab: Lab, sweep_id: int) -> None:

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import event
 
 from tuner.search.mirror import MirroredTrial, StudyMirror
-from tuner.search.study import create_study, storage_for
+from tuner.search.study import create_study, forget_storages, storage_for
 from tuner.spec import SweepSpec
 
 
@@ -41,7 +41,7 @@ def study(db_url: str) -> tuple[SweepSpec, str, str]:
     create_study(spec, name, db_url)
     yield spec, name, db_url
     storage_for(db_url).engine.dispose()
-    storage_for.cache_clear()
+    forget_storages()
 
 
 def _view(trials: list[FrozenTrial]) -> list[tuple[Any, ...]]:
@@ -234,7 +234,7 @@ def test_a_controller_loads_its_study_off_the_event_loop(
     finally:
         db.dispose()
         storage_for(db_url).engine.dispose()
-        storage_for.cache_clear()
+        forget_storages()
     assert run.state == "completed"
     loads = [r for r in caplog.records if "mirrored" in r.getMessage()]
     assert loads and all(r.thread != threading.get_ident() for r in loads)

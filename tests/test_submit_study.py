@@ -4,6 +4,7 @@ commits, so a failure there must not fail a submission whose sweep already exist
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,7 @@ from tunehub_base.settings import load_settings
 from tuner.backends.instant import InstantBackend
 from tuner.db import Database
 from tuner.lifecycle.states import SweepState
-from tuner.search.study import SWEEP_ID_ATTR, storage_for
+from tuner.search.study import SWEEP_ID_ATTR, forget_storages, storage_for
 from tuner.spec import SweepSpec
 from tuner.sweep_store import Actor, SweepStore
 
@@ -45,7 +46,7 @@ def _store(tmp_path: Path, url: str) -> Iterator[SweepStore]:
     finally:
         db.dispose()
         storage_for(url).engine.dispose()
-        storage_for.cache_clear()
+        forget_storages()
 
 
 @pytest.fixture
@@ -91,3 +92,28 @@ def test_a_failed_label_leaves_the_submitted_sweep_and_says_so(
         assert _study(store, sweep.id).user_attrs == {"owner": "alice", "sweep_name": "labelled"}
         assert f"sweep {sweep.id}: could not record its id" in caplog.text
         assert "refused" in caplog.text
+
+
+def test_the_first_storage_is_made_once_by_threads_at_once(pg_schema_url: str) -> None:
+    """The first sweeps submitted at once to a new database: one of them makes Optuna's
+    schema, the others wait and share its storage (before, each made it and they raced on
+    Optuna's tables and types: a 500 for a submission)."""
+    forget_storages()
+    start = threading.Barrier(6)
+    made: list[object] = []
+    errors: list[BaseException] = []
+
+    def first_call() -> None:
+        start.wait()
+        try:
+            made.append(storage_for(pg_schema_url))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_call) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == [] and len(made) == 6 and len({id(s) for s in made}) == 1
+    forget_storages()

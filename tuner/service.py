@@ -35,6 +35,7 @@ from tuner.errors import Conflict
 from tuner.lifecycle.liveness import HEARTBEAT_SECONDS, controller_alive
 from tuner.lifecycle.states import SweepState
 from tuner.scheduling.host import SweepHost
+from tuner.search.study import storage_for
 from tuner.sweep_store import SweepStore
 
 log = logging.getLogger("tunehub.service")
@@ -140,6 +141,10 @@ async def serve() -> None:
     # that is down (the machine rebooting, a failover) is waited for, said once in the log:
     # crashing instead would only have the hub start us again and again.
     db = await asyncio.to_thread(Database.when_reachable, settings.db_url)
+    # Optuna's schema too, once, before the first submission (made by the first sweeps
+    # submitted at once, it held their requests for seconds and raced between them).
+    with waiting_out_outages():
+        await asyncio.to_thread(patient(storage_for), settings.db_url)
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     host, port = url.hostname or "127.0.0.1", url.port or 10101
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tuner/")

@@ -6,9 +6,9 @@ and a resumed sweep finds every result it had.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import logging
+import threading
 import uuid
 
 import optuna
@@ -21,6 +21,7 @@ from optuna.distributions import (
 from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.storages import RDBStorage
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from tuner.db.engine import engine_kwargs, tune_sqlite
 from tuner.lifecycle.states import TrialState
@@ -123,11 +124,38 @@ def our_state(state: optuna.trial.TrialState) -> TrialState:
                 TrialState.FAILED)
 
 
-@functools.lru_cache(maxsize=8)
+#: The process's storages by URL, the most recently made last (at most 8 kept).
+_STORAGES: dict[str, RDBStorage] = {}
+_MAKING_STORAGE = threading.Lock()
+
+
 def storage_for(url: str) -> RDBStorage:
     """One RDBStorage per database URL per process (it owns a connection pool), with our
-    SQLite settings on its connections."""
-    storage = RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    SQLite settings on its connections. Made once: the first calls of several threads (the
+    first sweeps submitted at once) wait for the one that makes it, instead of each creating
+    Optuna's schema and racing on it."""
+    with _MAKING_STORAGE:
+        storage = _STORAGES.get(url)
+        if storage is None:
+            storage = _STORAGES[url] = _new_storage(url)
+            while len(_STORAGES) > 8:
+                del _STORAGES[next(iter(_STORAGES))]
+        return storage
+
+
+def forget_storages() -> None:
+    """Drop the storages made so far (tests that drop their database)."""
+    with _MAKING_STORAGE:
+        _STORAGES.clear()
+
+
+def _new_storage(url: str) -> RDBStorage:
+    try:
+        storage = RDBStorage(url, engine_kwargs=engine_kwargs(url))
+    except (IntegrityError, ProgrammingError):
+        # Another process made Optuna's tables and types at the same moment (two tuners, or
+        # the service and a CLI, starting on a new database): they are there now.
+        storage = RDBStorage(url, engine_kwargs=engine_kwargs(url))
     tune_sqlite(storage.engine)
     return storage
 
