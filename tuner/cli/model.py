@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+from urllib.parse import urlsplit
 
 from rich.table import Table
 
@@ -62,6 +63,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--canary-latency-ms", type=_milliseconds, default=None, metavar="MS",
                        help="the canary's p95 latency must be within this to take production; "
                             "over it, the canary is rolled back (no bound)")
+    serve.add_argument("--upstream", type=_upstream, default=None, metavar="URL",
+                       help="route to this TensorFlow Serving (its REST base, e.g. "
+                            "http://tunehub-serving:8501) instead of running the models here: "
+                            "the production route goes to its stable label, the canary's "
+                            "share to the canary, judged and moved as above (the labels follow "
+                            "the registry's models.config)")
+    serve.add_argument("--upstream-timeout", type=_seconds, default=30.0, metavar="S",
+                       help="with --upstream: seconds to wait for its answer; a canary that "
+                            "gives none is a canary error (30)")
     serve.set_defaults(handler=cmd_serve)
 
 
@@ -116,6 +126,18 @@ def _milliseconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number of milliseconds, got "
                                          f"{text!r}")
     return ms
+
+
+def _upstream(text: str) -> str:
+    url = urlsplit(text)
+    if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
+        raise argparse.ArgumentTypeError(f"expected TensorFlow Serving's REST base URL, e.g. "
+                                         f"http://tunehub-serving:8501, got {text!r}")
+    try:
+        _ = url.port  # a port that is not a number raises here
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number in {text!r}") from None
+    return text.rstrip("/")
 
 
 def registry() -> Registry:
@@ -195,10 +217,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     reg = registry()
     reg.versions(args.name)
-    console.print(
-        f"serving {args.name} (production; labels stable/canary) on "
-        f"http://{args.host}:{args.port}/v1/models/{args.name}:predict  (Ctrl-C stops)"
-    )
+    where = f"http://{args.host}:{args.port}/v1/models/{args.name}:predict"
+    if args.upstream is not None:
+        console.print(f"routing {args.name} on {where} to TensorFlow Serving at "
+                      f"{args.upstream} (labels stable/canary)  (Ctrl-C stops)")
+    else:
+        console.print(f"serving {args.name} (production; labels stable/canary) on {where}  "
+                      "(Ctrl-C stops)")
     canary = None
     if args.canary_share is not None:
         from tuner.serving.canary import CanaryPolicy
@@ -216,7 +241,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         console.print(f"canary release: {args.canary_share:g} of requests to the canary, "
                       f"production after {when}")
     try:
-        asyncio.run(serve(reg, args.name, args.host, args.port, canary))
+        asyncio.run(serve(reg, args.name, args.host, args.port, canary, args.upstream,
+                          args.upstream_timeout))
     except OSError as exc:
         raise CliError(
             f"--port: cannot listen on {args.host}:{args.port}: {exc.strerror}"

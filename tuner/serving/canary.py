@@ -73,9 +73,15 @@ def describe_error(exc: BaseException) -> str:
     """One line for a model's failure: TensorFlow's graph errors start with "Graph execution
     error" and a traceback of where the op was defined; the line that says what failed comes
     after them."""
-    lines = [line.strip() for line in str(exc).splitlines()]
+    return f"{type(exc).__name__}: {first_line(str(exc))}"
+
+
+def first_line(text: str) -> str:
+    """The line of a TensorFlow error message that says what failed (as TensorFlow Serving's
+    answers carry it too), without the traceback lines around it."""
+    lines = [line.strip() for line in text.splitlines()]
     said = [line for line in lines if line and not line.startswith(_NOISE)]
-    return f"{type(exc).__name__}: {(said or lines or [''])[0]}"
+    return (said or lines or [""])[0]
 
 
 class CanaryRelease:

@@ -12,6 +12,12 @@ Every request is bounded like the tuner service's (:mod:`tunehub_base.request_bo
 ``TUNEHUB_SERVE_MAX_CLIENT_REQUESTS`` predictions in flight (more: 429 naming it), so one client
 cannot hold every worker thread while others wait. The address is the connection's own (no
 forwarded headers are believed here).
+
+With ``--upstream URL`` the same server runs in front of TensorFlow Serving (on Kubernetes, the
+chart's): the same routes, bounds and canary release, each request answered by forwarding it
+(:mod:`tuner.serving.router`). A model that fails on a request is answered as TensorFlow
+Serving answers it: 400 for an invalid argument (a failed assertion in its graph), else 500,
+with the line that says what failed.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import json
 import logging
 import time
 from collections import Counter as Tally
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tornado.ioloop
 import tornado.web
@@ -34,6 +40,9 @@ from tuner.metrics import MetricsHandler
 from tuner.serving.canary import CanaryMove, CanaryPolicy, CanaryRelease, describe_error
 from tuner.serving.models_config import LABELS as SERVING_LABELS
 from tuner.serving.registry import STAGES, Registry
+
+if TYPE_CHECKING:
+    from tuner.serving.router import Upstream
 
 log = logging.getLogger("tunehub.serve")
 STAGE_TTL = 2.0
@@ -221,51 +230,78 @@ class PredictHandler(_Handler):
     async def _predict(self, name: str, version: str | None, label: str | None) -> None:
         started = time.perf_counter()
         limits: RequestLimits = self.settings["request_limits"]
+        asked = version or label or "production"
         try:
             body = parse_json(self.request.body or b"", limits)
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
-            canary = False
-            if version is not None:
-                number = int(version)
-                self.server.registry.get(name, number)
-            elif label is not None:
-                if label not in LABELS:
-                    raise BadRequest(f"unknown label {label!r}; use stable or canary")
-                number = self.server.version_for(LABELS[label])
-            else:
-                number, canary = self.server.route()
-            loop = asyncio.get_running_loop()
-            asked = time.perf_counter()
+            served, status, payload = await self.answer(body, version, label)
+        except BodyError as exc:  # not JSON, or over a bound: the reason names it
+            self.fail(exc.status, str(exc))
+            PREDICTIONS.labels(name, asked, "400").inc()
+            return
+        except BadRequest as exc:
+            self.fail(400, str(exc))
+            PREDICTIONS.labels(name, asked, "400").inc()
+            return
+        except NotFound as exc:
+            self.fail(404, str(exc))
+            PREDICTIONS.labels(name, asked, "404").inc()
+            return
+        PREDICTIONS.labels(name, served, str(status)).inc()
+        if status == 200:
+            LATENCY.labels(name).observe(time.perf_counter() - started)
+        self.set_status(status)
+        self.finish(payload)
+
+    async def answer(self, body: dict[str, Any], version: str | None,
+                     label: str | None) -> tuple[str, int, str | bytes]:
+        """Answer a well-formed request: (the version that answered, status, JSON body). Here
+        the model runs in this process; the router mode forwards instead
+        (:mod:`tuner.serving.router`)."""
+        canary = False
+        if version is not None:
+            number = int(version)
+            self.server.registry.get(self.server.model, number)
+        elif label is not None:
+            if label not in LABELS:
+                raise BadRequest(f"unknown label {label!r}; use stable or canary")
+            number = self.server.version_for(LABELS[label])
+        else:
+            number, canary = self.server.route()
+        loop = asyncio.get_running_loop()
+        asked = time.perf_counter()
+        try:
+            result = await loop.run_in_executor(None, self.server.predict, number, body)
+        except (BadRequest, BodyError, NotFound):
+            raise
+        except Exception as exc:
+            if not canary:
+                return str(number), *model_failure(exc)
+            # The canary failed where production may not: say so, answer from production.
+            self.server.canary_failed(number, describe_error(exc))
+            number = self.server.version_for("production")
             try:
                 result = await loop.run_in_executor(None, self.server.predict, number, body)
             except (BadRequest, BodyError, NotFound):
                 raise
-            except Exception as exc:
-                if not canary:
-                    raise
-                # The canary failed where production may not: say so, answer from production.
-                self.server.canary_failed(number, describe_error(exc))
-                number = self.server.version_for("production")
-                result = await loop.run_in_executor(None, self.server.predict, number, body)
-            else:
-                if canary:
-                    self.server.canary_answered(number, time.perf_counter() - asked)
-        except BodyError as exc:  # not JSON, or over a bound: the reason names it
-            self.fail(exc.status, str(exc))
-            PREDICTIONS.labels(name, version or label or "production", "400").inc()
-            return
-        except BadRequest as exc:
-            self.fail(400, str(exc))
-            PREDICTIONS.labels(name, version or label or "production", "400").inc()
-            return
-        except NotFound as exc:
-            self.fail(404, str(exc))
-            PREDICTIONS.labels(name, version or label or "production", "404").inc()
-            return
-        PREDICTIONS.labels(name, str(number), "200").inc()
-        LATENCY.labels(name).observe(time.perf_counter() - started)
-        self.finish(json.dumps(result))
+            except Exception as again:
+                return str(number), *model_failure(again)
+        else:
+            if canary:
+                self.server.canary_answered(number, time.perf_counter() - asked)
+        return str(number), 200, json.dumps(result)
+
+
+def model_failure(exc: BaseException) -> tuple[int, str]:
+    """A model that failed on a request, answered as TensorFlow Serving answers it: 400 for an
+    invalid argument (a failed assertion or check in the graph), 500 for anything else, with
+    the one line that says what failed."""
+    import tensorflow as tf  # loaded already: the model that failed ran on it
+
+    status = 400 if isinstance(exc, tf.errors.InvalidArgumentError) else 500
+    log.warning("the model failed on a request (%d): %s", status, describe_error(exc))
+    return status, json.dumps({"error": describe_error(exc)})
 
 
 class StatusHandler(_Handler):
@@ -301,21 +337,31 @@ class StatusHandler(_Handler):
 
 def make_app(registry: Registry, model: str, limits: RequestLimits | None = None,
              server: ModelServer | None = None,
-             canary: CanaryPolicy | None = None) -> tornado.web.Application:
+             canary: CanaryPolicy | None = None,
+             upstream: Upstream | None = None) -> tornado.web.Application:
     """The serving routes; ``server``: the versions they serve (the registry's by default;
     the serving-cost measurement passes one model directory, :mod:`tuner.serving.cost`);
-    ``canary``: release the canary version gradually (:mod:`tuner.serving.canary`)."""
+    ``canary``: release the canary version gradually (:mod:`tuner.serving.canary`);
+    ``upstream``: answer by forwarding to that TensorFlow Serving instead of running the models
+    here (:mod:`tuner.serving.router`), the release judged and moved the same way."""
     server = server or ModelServer(registry, model,
                                    setting("TUNEHUB_SERVE_MAX_CLIENT_REQUESTS").number(),
                                    canary=canary)
-    kw = {"server": server}
+    predict: type[tornado.web.RequestHandler] = PredictHandler
+    status: type[tornado.web.RequestHandler] = StatusHandler
+    kw: dict[str, Any] = {"server": server}
+    if upstream is not None:
+        from tuner.serving.router import ForwardHandler, StatusForwardHandler
+
+        predict, status = ForwardHandler, StatusForwardHandler
+        kw["upstream"] = upstream
     name = r"([a-z0-9-]+)"
     # Bounded before any route sees a request, as every tunehub server (request_bounds).
     return BoundedApplication(
         [
             (rf"/v1/models/{name}(?:/versions/(\d+))?(?:/labels/([a-z]+))?:predict",
-             PredictHandler, kw),
-            (rf"/v1/models/{name}(?:/versions/(\d+))?(?:/labels/([a-z]+))?", StatusHandler, kw),
+             predict, kw),
+            (rf"/v1/models/{name}(?:/versions/(\d+))?(?:/labels/([a-z]+))?", status, kw),
             (r"/metrics", MetricsHandler),
         ],
         request_limits=limits or RequestLimits.from_env(),
@@ -323,12 +369,19 @@ def make_app(registry: Registry, model: str, limits: RequestLimits | None = None
 
 
 async def serve(registry: Registry, model: str, host: str, port: int,
-                canary: CanaryPolicy | None = None) -> None:
-    """Serve until cancelled."""
+                canary: CanaryPolicy | None = None, upstream: str | None = None,
+                upstream_timeout: float = 30.0) -> None:
+    """Serve until cancelled; with ``upstream`` (a TensorFlow Serving REST base URL), as the
+    router in front of it."""
     registry.versions(model)  # an unknown model is an error now, not at the first request
     models = ModelServer(registry, model, setting("TUNEHUB_SERVE_MAX_CLIENT_REQUESTS").number(),
                          canary=canary)
-    app = make_app(registry, model, server=models)
+    forward = None
+    if upstream is not None:
+        from tuner.serving.router import Upstream
+
+        forward = Upstream(upstream, model, upstream_timeout)
+    app = make_app(registry, model, server=models, upstream=forward)
     server = app.listen(port, host)
     clock = None
     if canary is not None and canary.promote_after_seconds is not None:
@@ -342,3 +395,5 @@ async def serve(registry: Registry, model: str, host: str, port: int,
         if clock is not None:
             clock.stop()
         server.stop()
+        if forward is not None:
+            await forward.close()
