@@ -14,6 +14,9 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 
+from kubesim import KubeCluster
+from tests.chart_security import install_chart_security
+from tests.test_chart_security import dry_run_pod
 from tests.test_hub_kube_config import (
     CHART,
     NAMESPACE,
@@ -185,6 +188,19 @@ def test_the_router_objects_validate_and_lint_strictly() -> None:
     for obj in router_objects:
         for version in kube_versions():
             kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_router_pod_passes_restricted(kube: KubeCluster) -> None:
+    """Admitted under the Pod Security level the chart documents, as the emulator enforces
+    it (tests/test_chart_security.py does the same for the chart's other pods)."""
+    objects = render(canary_values(), namespace=kube.namespace)
+    for obj in objects:
+        if obj["kind"] == "PriorityClass":
+            kube.create(obj)
+    install_chart_security(kube)
+    template = find(objects, "Deployment", ROUTER)["spec"]["template"]
+    r = dry_run_pod(kube, "router-x", template)
+    assert r.status_code == 201, r.text
 
 
 @pytest.mark.parametrize(("canary", "serving_on", "message"), [
