@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,16 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import test_canary_release
 from tests.conftest import Home
 from tests.polling import wait_for
-from tests.service_fixtures import free_port
 from tests.serving_helpers import served
 from tests.test_canary_release import REGISTER, _python
 
 pytestmark = pytest.mark.slow
+
+#: A real ``tunehub model serve doubler`` with given flags (the canary tests' fixture).
+serve = test_canary_release.serve
 
 # Each version multiplies its input by its factor; one fails on inputs of 5 and more, as a
 # model with a bug on some inputs does (tf.debugging: an InvalidArgumentError in the graph).
@@ -71,38 +74,6 @@ def _user() -> str:
     import getpass
 
     return getpass.getuser()
-
-
-@pytest.fixture
-def serve(sqlite_home: Home) -> Iterator[Callable[..., str]]:
-    """Start a real ``tunehub model serve doubler`` with these flags; its model URL once it
-    answers the model's status (through the upstream, for a router)."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*flags: str) -> str:
-        port = free_port()
-        proc = sqlite_home.popen("model", "serve", "doubler", "--port", str(port), *flags)
-        procs.append(proc)
-        url = f"http://127.0.0.1:{port}/v1/models/doubler"
-
-        def up() -> bool:
-            if proc.poll() is not None:
-                said = proc.stderr.read() if proc.stderr else ""
-                raise AssertionError(f"model serve exited: {said}")
-            try:
-                return httpx.get(url, timeout=5).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, timeout=300, what="model serve to answer")
-        return url
-
-    try:
-        yield start
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=60)
 
 
 def _ask(url: str, value: float) -> httpx.Response:
