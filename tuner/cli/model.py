@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from rich.table import Table
@@ -81,51 +82,30 @@ def _version(text: str) -> int:
     return int(text)
 
 
-def _share(text: str) -> float:
-    try:
-        share = float(text)
-    except ValueError:
-        share = math.nan
-    if not 0 < share <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
-    return share
+def _bounded(what: str, ok: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argparse type: a number for which ``ok`` holds, else a message saying ``what``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+_share = _bounded("a fraction in (0, 1]", lambda v: 0 < v <= 1)
+_rate = _bounded("a fraction in [0, 1)", lambda v: 0 <= v < 1)
+_seconds = _bounded("a positive number of seconds", lambda v: 0 < v < math.inf)
+_milliseconds = _bounded("a positive number of milliseconds", lambda v: 0 < v < math.inf)
 
 
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {text!r}")
     return int(text)
-
-
-def _rate(text: str) -> float:
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = math.nan
-    if not 0 <= rate < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
-    return rate
-
-
-def _seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return seconds
-
-
-def _milliseconds(text: str) -> float:
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = math.nan
-    if not 0 < ms < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number of milliseconds, got "
-                                         f"{text!r}")
-    return ms
 
 
 def _upstream(text: str) -> str:
