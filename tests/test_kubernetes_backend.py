@@ -581,6 +581,7 @@ async def test_watch_relists_after_410_and_keeps_reporting(
 async def test_unreachable_cluster_is_one_clear_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.service_fixtures import free_port
+    from tuner.backends.kubernetes import api as kube_api
     from tuner.backends.kubernetes.api import ClusterUnavailable
 
     kubeconfig = tmp_path / "kubeconfig"
@@ -592,6 +593,9 @@ async def test_unreachable_cluster_is_one_clear_error(
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setenv("TUNEHUB_DATA", str(tmp_path))
     monkeypatch.setenv("TUNEHUB_HOME", str(tmp_path / ".tunehub"))
+    # The calls try a refused connection again for API_PATIENCE (a blink fails nothing); the
+    # subject here is what is said once they give up, so they give up after a moment.
+    monkeypatch.setattr(kube_api, "API_PATIENCE", 1.0)
     be = KubernetesBackend.from_env()
     with pytest.raises(ClusterUnavailable, match="cannot reach the Kubernetes API") as err:
         await asyncio.to_thread(be.check, spec(cpu=1))
