@@ -65,15 +65,19 @@ def _unfinished_sweeps(engine: SweepHost) -> list[SweepRow]:
         )
 
 
-async def adopt_orphans(engine: SweepHost) -> list[int]:
+async def adopt_orphans(engine: SweepHost, claimed_only: bool = False) -> list[int]:
     """Run every active sweep of our backends whose controller died. A database outage
     meanwhile is waited out (the read in a worker thread, each claim again with backoff):
-    the service that restarts after a crash is the one that resumes its sweeps."""
+    the service that restarts after a crash is the one that resumes its sweeps.
+    ``claimed_only``: only sweeps some controller had claimed (not one submitted a moment ago
+    whose own controller, a CLI's, is about to claim it)."""
     with waiting_out_outages():
         sweeps = await asyncio.to_thread(_unfinished_sweeps, engine)
     adopted = []
     for sweep in sweeps:
         if sweep.id in engine.controllers or controller_alive(sweep):
+            continue
+        if claimed_only and sweep.controller_pid is None:
             continue
         try:
             await once_reachable(engine.run_sweep, sweep.id)
@@ -92,7 +96,7 @@ async def keep_adopting(engine: SweepHost) -> None:
     while True:
         await asyncio.sleep(HEARTBEAT_SECONDS)  # a period, not a wait for something
         try:
-            adopted = await adopt_orphans(engine)
+            adopted = await adopt_orphans(engine, claimed_only=True)
         except Exception:  # a fault of one pass (the database away) must not end the loop
             log.exception("looking for sweeps to take over failed; trying again")
             continue
