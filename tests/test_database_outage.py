@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -129,6 +130,26 @@ class Output:
         return self.text
 
 
+def assert_nothing_lost(db: Database, url: str, sweep_id: int,
+                        detail: list[dict[str, Any]]) -> None:
+    """After the outage: every report landed once, and Optuna's study equals ours (the
+    trials' numbers, values, states and steps); the test's engine is disposed of."""
+    ours = {t["number"]: t["value"] for t in detail}
+    with db.session() as s:
+        row = s.get(SweepRow, sweep_id)
+        assert row is not None
+        study_name = row.study_name
+        reports = s.execute(select(func.count()).select_from(TrialReport)).scalar_one()
+    assert reports == TRIALS * STEPS  # every report landed, once per step
+    study = optuna.load_study(study_name=study_name, storage=url)
+    assert len(study.trials) == TRIALS
+    assert {t.number: t.value for t in study.trials} == ours
+    assert {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
+    for t in study.trials:
+        assert sorted(t.intermediate_values) == list(range(1, STEPS + 1)), t
+    db.dispose()
+
+
 def test_postgres_crash_mid_sweep_loses_nothing(
     postgres: Postgres, tmp_path: Path
 ) -> None:
@@ -185,20 +206,7 @@ def test_postgres_crash_mid_sweep_loses_nothing(
     # Trials running through the outage kept running: none was started again.
     assert all(t["attempts"] == 1 for t in detail), detail
 
-    ours = {t["number"]: t["value"] for t in detail}
-    with db.session() as s:
-        sweep = s.get(SweepRow, result["id"])
-        assert sweep is not None
-        study_name = sweep.study_name
-        reports = s.execute(select(func.count()).select_from(TrialReport)).scalar_one()
-    assert reports == TRIALS * STEPS  # every report landed, once per step
-    study = optuna.load_study(study_name=study_name, storage=postgres.url)
-    assert len(study.trials) == TRIALS
-    assert {t.number: t.value for t in study.trials} == ours
-    assert {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
-    for t in study.trials:
-        assert sorted(t.intermediate_values) == list(range(1, STEPS + 1)), t
-    db.dispose()
+    assert_nothing_lost(db, postgres.url, result["id"], detail)
     record_fault(FaultRecord(
         fault="PostgreSQL crashed (`pg_ctl stop -m immediate`) mid-sweep, CLI `--wait`",
         duration_s=round(restarted_at - crashed_at, 1), sweeps=1, trials=TRIALS, running=2,
@@ -337,20 +345,7 @@ def test_postgres_crash_mid_service_sweep_loses_nothing(
     for t in detail:
         assert [r["step"] for r in t["intermediate_values"]] == list(range(1, STEPS + 1)), t
 
-    ours = {t["number"]: t["value"] for t in detail}
-    with db.session() as s:
-        row = s.get(SweepRow, sweep.id)
-        assert row is not None
-        study_name = row.study_name
-        reports = s.execute(select(func.count()).select_from(TrialReport)).scalar_one()
-    assert reports == TRIALS * STEPS  # every report landed, once per step
-    study = optuna.load_study(study_name=study_name, storage=postgres.url)
-    assert len(study.trials) == TRIALS
-    assert {t.number: t.value for t in study.trials} == ours
-    assert {t.state for t in study.trials} == {optuna.trial.TrialState.COMPLETE}
-    for t in study.trials:
-        assert sorted(t.intermediate_values) == list(range(1, STEPS + 1)), t
-    db.dispose()
+    assert_nothing_lost(db, postgres.url, sweep.id, detail)
     record_fault(FaultRecord(
         fault="PostgreSQL crashed (`pg_ctl stop -m immediate`) mid-sweep, sweep run by the "
               "tuner service, watched from a notebook (`Sweep.submit`, `watch()`)",
