@@ -365,6 +365,6 @@ def test_the_notebook_client_waits_an_outage_out_as_long_as_the_controllers() ->
     import tuner.sdk.training
 
     assert tuner.sdk.client.OUTAGE_SECONDS is OUTAGE_SECONDS
-    assert tuner.sdk.training.OUTAGE_SECONDS is OUTAGE_SECONDS
+    assert tuner.sdk.training.REPORT_PATIENCE_SECONDS == OUTAGE_SECONDS
     assert tuner.db.outage.OUTAGE_SECONDS is OUTAGE_SECONDS
     assert OUTAGE_SECONDS >= 2 * 300

@@ -48,7 +48,7 @@ except TunehubError as exc:
 """
 TRIAL_REPORT = """\
 import tuner.sdk.training as training
-training.REPORT_RETRY_SECONDS = 0
+training.REPORT_PATIENCE_SECONDS = 0
 print("ANSWER", training._post("trials/1/report", {"value": 1.0, "step": 0}))
 """
 

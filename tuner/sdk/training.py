@@ -41,11 +41,12 @@ ENV_CHECKPOINT_DIR = "TUNEHUB_CHECKPOINT_DIR"
 #: the route).
 ENV_API_SOCKET = "TUNEHUB_API_SOCKET"
 
-# How long a report keeps retrying an unreachable controller before giving up on that report.
-REPORT_RETRY_SECONDS = 60.0
-# While the tuner answers 503 (its database is away, a restart or a failover) it keeps
-# retrying for as long as the controllers wait the outage out (OUTAGE_SECONDS): the trial's
-# results must not be lost to an outage of a few minutes.
+#: How long a report keeps retrying before it gives up on that report: a tuner that does not
+#: answer (restarting after a SIGKILL, a rolling update, its pod rescheduled) or answers 503
+#: (its database is away) is waited out as long as the controllers wait out an outage
+#: (OUTAGE_SECONDS), so a trial that keeps running through the tuner's restart (Kubernetes)
+#: still lands its results once it is back.
+REPORT_PATIENCE_SECONDS = OUTAGE_SECONDS
 
 
 class Pruned(Exception):
@@ -179,22 +180,28 @@ def _post(path: str, body: dict[str, Any]) -> dict[str, Any]:
         "Authorization": f"Bearer {os.environ.get(ENV_TOKEN, '')}",
     }
     send = _sender(os.environ.get(ENV_API_SOCKET), api_context())
-    started = time.monotonic()
-    deadline = started + REPORT_RETRY_SECONDS
+    deadline = time.monotonic() + REPORT_PATIENCE_SECONDS
     delay = 0.2
+    since: float | None = None  # when the tuner stopped answering (said once, on stderr)
     while True:
         try:
             status, answer = send(url, data, headers)
             if status < 400:
+                if since is not None:
+                    print(f"tunehub: the tuner answers again; report sent after "
+                          f"{time.time() - since:.0f} s", file=sys.stderr)
                 return json.loads(answer or b"{}")
             if status < 500:
                 detail = answer.decode(errors="replace")
                 raise RuntimeError(f"tunehub refused the report ({status}): {detail}")
             error: Exception = RuntimeError(f"HTTP {status}")
-            if status == 503:  # the tuner is up, its database is not: wait for it longer
-                deadline = max(deadline, started + OUTAGE_SECONDS)
         except (OSError, TimeoutError, _TransportError) as exc:
             error = exc
+        if since is None:
+            since = time.time()
+            print(f"tunehub: the tuner is unreachable since "
+                  f"{time.strftime('%H:%M:%S', time.localtime(since))} ({error}); retrying "
+                  f"for up to {REPORT_PATIENCE_SECONDS:.0f} s", file=sys.stderr)
         if time.monotonic() > deadline:
             print(f"tunehub: could not report to {url}: {error}", file=sys.stderr)
             return {}
