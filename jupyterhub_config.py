@@ -112,6 +112,7 @@ else:
     c.TunehubLocalSpawner.pool_queue_url = (
         f"{tuner_url}{tuner_service.sweeps_page_url()}api/v1/pool/requests")
     c.TunehubLocalSpawner.pool_queue_ca = str(internal.api_ca) if internal else ""
+    c.JupyterHub.load_roles.append(scopes.tuner_service_role(tuner_service.SERVICE_NAME))
 
 # --- services: the tuner, the idle culler ----------------------------------------------------
 if opts.mode == "kubernetes":

@@ -68,6 +68,19 @@ def high_priority_role(group: str) -> dict[str, Any]:
     }
 
 
+def tuner_service_role(service_name: str) -> dict[str, Any]:
+    """The tuner service's own token (one machine): it reads the members of the hub groups the
+    GPU pool's shares name, so a team's quota counts the team's trials
+    (:mod:`tuner.scheduling.hub_groups`). Nothing else: people's identities reach it with
+    their own tokens."""
+    return {
+        "name": "tuner-service",
+        "description": "Read hub groups' members (the GPU pool's group quotas)",
+        "scopes": ["read:groups"],
+        "services": [service_name],
+    }
+
+
 def configure(
     c: Any, service_name: str, admins: list[str], high_priority_group: str = "tuner-priority"
 ) -> None:

@@ -79,9 +79,10 @@ c.JupyterHub.load_roles = [
     {{"name": "user", "scopes": ["self", "custom:tuner:read", "custom:tuner:submit",
                                 "access:services!service=tuner"]}},
     {{"name": "test-admin", "services": ["test-admin"],
-      "scopes": ["admin:users", "tokens", "custom:tuner:read", "custom:tuner:submit",
-                 "custom:tuner:admin", "access:services", "read:metrics"]}},
+      "scopes": ["admin:users", "admin:groups", "tokens", "custom:tuner:read",
+                 "custom:tuner:submit", "custom:tuner:admin", "access:services", "read:metrics"]}},
     {{"name": "tuner-admins", "users": ["boss"], "scopes": ["custom:tuner:admin"]}},
+    {tuner_role!r},
 ]
 c.JupyterHub.services = [
     {{"name": "test-admin", "api_token": "{admin_token}"}},
@@ -110,6 +111,7 @@ def running_tuner_hub(
     """The hub and its tuner service; ``extra_env`` goes to the service (e.g. the Kubernetes
     backend's settings) and the hub; ``extra_config`` is appended to the hub's config, with
     ``{port}``, ``{hub_port}``, ``{service_port}`` and ``{home}`` filled in."""
+    from hub.scopes import tuner_service_role
     from tunehub_base.scopes import SCOPES
 
     home = tmp_path / "hub"
@@ -131,6 +133,7 @@ def running_tuner_hub(
                 port=port, hub_port=hub_port, home=home,
                 custom_scopes={k: {"description": v} for k, v in SCOPES.items()},
                 admin_token=admin_token, service_port=service_port,
+                tuner_role=tuner_service_role("tuner"),
                 proxy_api_port=proxy_api_port, environment=environment,
             )
         ) + textwrap.dedent(extra_config).format(

@@ -186,6 +186,14 @@ def test_a_cap_holds_a_trial_back_and_a_higher_priority_trial_preempts_the_cheap
     def trials(sweep_id: int) -> dict[int, dict[str, Any]]:
         return {t["number"]: t for t in ana.get(f"sweeps/{sweep_id}/trials").json()}
 
+    # Bob is in the hub group vision, whose quota is 1 GPU: his trials count against it.
+    admin = {"Authorization": f"token {hub.admin_token}"}
+    for method, path, body in (("POST", "groups/vision", None),
+                               ("POST", "groups/vision/users", {"users": ["bob"]})):
+        r = httpx.request(method, f"{hub.url}hub/api/{path}", headers=admin, json=body,
+                          timeout=30)
+        assert r.status_code in (200, 201), r.text
+
     # Ana may hold one GPU: of her two-trial sweep, one runs, the other waits "over cap",
     # although the second GPU is free.
     a = _submit(ana, hub, "a", go, trials=2, parallelism=2, priority="low")
@@ -202,8 +210,8 @@ def test_a_cap_holds_a_trial_back_and_a_higher_priority_trial_preempts_the_cheap
     shares = {row["person"]: row for row in pool["shares"]}
     assert (shares["ana"]["max_gpus"], shares["ana"]["weight"], shares["ana"]["held_gpus"],
             shares["ana"]["waiting_gpus"]) == (1, 1.0, 1, 1)
-    assert pool["groups"] == [{"group": "vision", "weight": 2.0, "max_gpus": 1,
-                               "held_gpus": 0}]
+    assert [{k: v for k, v in g.items() if k != "members"} for g in pool["groups"]] == [
+        {"group": "vision", "weight": 2.0, "max_gpus": 1, "held_gpus": 0}]
     assert trials(a)[0]["state"] == "running" and trials(a)[1]["state"] == "pending"
     # tunehub pool from ana's notebook terminal shows the cap and the queue.
     cli = subprocess.run(
@@ -222,7 +230,8 @@ def test_a_cap_holds_a_trial_back_and_a_higher_priority_trial_preempts_the_cheap
     assert any(r.startswith("group vision") for r in share_rows), share_rows
 
     # The admin lifts the cap in the file: the tuner reads it again, trial 1 starts.
-    shares_file.write_text(yaml.safe_dump({"people": {"ana": {"weight": 1}}}))
+    shares_file.write_text(yaml.safe_dump({"people": {"ana": {"weight": 1}},
+                                           "groups": {"vision": {"weight": 2, "max_gpus": 1}}}))
     wait_for(lambda: (trials(a)[1].get("last_step") or 0) >= 1, timeout=120,
              what="ana's trial 1 to start once her cap is lifted")
     assert trials(a)[1]["reason"] is None
@@ -234,8 +243,12 @@ def test_a_cap_holds_a_trial_back_and_a_higher_priority_trial_preempts_the_cheap
              what="ana's trial 0 to checkpoint twice more")
     assert ana.get("pool").json()["held"] == 2
 
-    # Bob's normal-priority sweep on the full pool preempts one of ana's low-priority trials.
-    b = _submit(bob, hub, "b", go, trials=1, parallelism=1, priority="normal")
+    # The tuner has read bob's membership from the hub (it reads the configured groups).
+    wait_for(lambda: bob.get("pool").json()["groups"][0]["members"] == ["bob"], timeout=60,
+             what="the pool to know vision's members")
+    # Bob's normal-priority sweep on the full pool preempts one of ana's low-priority trials;
+    # its second trial would preempt another, but vision's quota of 1 GPU holds it back.
+    b = _submit(bob, hub, "b", go, trials=2, parallelism=2, priority="normal")
     stopped = wait_for(lambda: (t := trials(a)[0])["state"] == "pending" and t, timeout=180,
                        what="ana's trial 0 to be preempted for bob's trial")
     assert (stopped["attempts"], stopped["preemptions"]) == (1, 1)
@@ -258,8 +271,13 @@ def test_a_cap_holds_a_trial_back_and_a_higher_priority_trial_preempts_the_cheap
 
     wait_for(holders, timeout=30, what=f"the GPUs to show {expected} (saw {seen})")
     pool = bob.get("pool").json()
-    assert [(q["position"], q["person"], q["what"]) for q in pool["queue"]] == [
-        (1, "ana", f"sweep {a} trial 0")]
+    queue = {q["person"]: q for q in pool["queue"]}
+    assert sorted(queue) == ["ana", "bob"] and len(pool["queue"]) == 2, pool
+    assert queue["ana"]["what"] == f"sweep {a} trial 0"
+    assert queue["bob"]["what"] in (f"sweep {b} trial 1", f"sweep {b} next trial"), pool
+    assert queue["bob"]["reason"] == "over your group vision's cap of 1 GPUs", pool
+    assert pool["groups"] == [{"group": "vision", "weight": 2.0, "max_gpus": 1,
+                               "held_gpus": 1, "members": ["bob"]}]
     assert trials(a)[0]["state"] == "pending"  # it does not run beside them
 
     # Everyone finishes: ana's trial 0 resumes from its checkpoint, same number and params.

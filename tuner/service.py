@@ -172,6 +172,7 @@ async def serve() -> None:
         default_backend=names[0],
     )
     notebook_gpus = None
+    reading_groups: asyncio.Task[None] | None = None
     if "local" in backends:
         from tuner.backends.local.backend import LocalBackend
         from tuner.metrics import watch_gpu_pool
@@ -183,8 +184,16 @@ async def serve() -> None:
         notebook_gpus = NotebookGpuWatch(settings.gpu_locks_dir)  # notebooks' measured GPU use
         local = backends["local"]
         if isinstance(local, LocalBackend):
-            ctx.gpu_queue = GpuQueue(engine, local, settings.gpu_locks_dir)
+            from tuner.scheduling.hub_groups import HubGroups
+
+            hub_groups = HubGroups.from_environment()
+            ctx.gpu_queue = GpuQueue(engine, local, settings.gpu_locks_dir,
+                                     hub_groups=hub_groups)
             ctx.queue_metrics = watch_gpu_queue(ctx.gpu_queue)
+            if hub_groups is not None:  # a team's quota counts its trials
+                queue = ctx.gpu_queue
+                reading_groups = asyncio.get_running_loop().create_task(
+                    hub_groups.keep_reading(lambda: queue.shares.groups.keys()))
     app = make_app(engine, prefix, ctx, cookie_secret(settings))
     server = await listen(app, host, port, tls_context())
     await engine.start()
@@ -203,6 +212,8 @@ async def serve() -> None:
     await stop.wait()
     log.info("stopping: sweeps are left to resume on the next start")
     adopting.cancel()
+    if reading_groups is not None:
+        reading_groups.cancel()
     server.stop()
     if notebook_gpus is not None:
         await notebook_gpus.close()

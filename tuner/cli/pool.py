@@ -90,7 +90,8 @@ def shares_table(people: list[dict[str, Any]], groups: list[dict[str, Any]]) -> 
     """Each person's (then each configured group's) weight, cap, GPUs held and waiting, and
     dominant share: why the queue is in its order (``TUNEHUB_POOL_SHARES``)."""
     table = Table(title="Shares")
-    for col in ("person", "account", "weight", "cap", "held", "in queue", "share", "fair share"):
+    for col in ("person", "account / members", "weight", "cap", "held", "in queue", "share",
+                "fair share"):
         table.add_column(col)
     for row in people:
         table.add_row(row["person"], row["account"], f"{row['weight']:g}",
@@ -98,7 +99,10 @@ def shares_table(people: list[dict[str, Any]], groups: list[dict[str, Any]]) -> 
                       str(row["held_gpus"]), str(row["waiting_gpus"]), f"{row['share']:.2f}",
                       f"{row['fair_share_gpus']:g} GPUs")
     for group in groups:
-        table.add_row(f"group {group['group']}", "-", f"{group['weight']:g}",
+        members = group.get("members")
+        table.add_row(f"group {group['group']}",
+                      "-" if members is None else "members: " + (", ".join(members) or "none"),
+                      f"{group['weight']:g}",
                       "-" if group["max_gpus"] is None else str(group["max_gpus"]),
                       str(group["held_gpus"]), "-", "-", "-")
     return table

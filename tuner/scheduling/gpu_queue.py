@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from tuner.backends.local.backend import LocalBackend
     from tuner.scheduling.controller import SweepController
     from tuner.scheduling.host import SweepHost
+    from tuner.scheduling.hub_groups import HubGroups
 
 #: A notebook's request lapses when its spawner has not asked again for this long (the hub
 #: stopped, or the spawn was given up): the GPUs it was owed go back to trials.
@@ -167,9 +168,12 @@ class GpuQueue:
     def __init__(self, host: SweepHost, backend: LocalBackend, lock_dir: Path,
                  shares: ShareConfig | SharesSource | None = None,
                  clock: Callable[[], float] = time.time,
-                 ttl: float = REQUEST_TTL_SECONDS) -> None:
+                 ttl: float = REQUEST_TTL_SECONDS,
+                 hub_groups: HubGroups | None = None) -> None:
         """``shares``: the weights and caps, fixed or from the setting (default: read from
-        ``TUNEHUB_POOL_SHARES``, a file re-read when it changes)."""
+        ``TUNEHUB_POOL_SHARES``, a file re-read when it changes). ``hub_groups``: which
+        configured hub groups a sweep's owner belongs to, so a team's quota counts its trials
+        as it counts its notebooks (None: no hub, everyone counts as a person only)."""
         self.host = host
         self.backend = backend
         self.lock_dir = Path(lock_dir)
@@ -179,6 +183,7 @@ class GpuQueue:
             self.source = SharesSource()
         self.clock = clock
         self.ttl = ttl
+        self.hub_groups = hub_groups
         self._waiting: dict[str, _Waiter] = {}
         self._stopping: dict[str, str] = {}  # victim's request id -> the request it frees for
         self._unstoppable: set[str] = set()  # trial holdings whose preemption was refused
@@ -258,6 +263,10 @@ class GpuQueue:
             del self._admitted[controller.sweep_id]
             return False
         return True
+
+    def groups_of(self, person: str) -> tuple[str, ...]:
+        """The configured hub groups a sweep's owner is a member of."""
+        return self.hub_groups.of(person) if self.hub_groups is not None else ()
 
     # --- what everyone sees ----------------------------------------------------------------
 
@@ -375,8 +384,10 @@ class GpuQueue:
 
     def _groups(self, picture: _Picture, shares: ShareConfig) -> list[dict[str, Any]]:
         policy = picture.scheduler.policy
+        hub = self.hub_groups
         return [{"group": name, "weight": share.weight, "max_gpus": share.max_gpus,
-                 "held_gpus": policy.held_by_group[name]}
+                 "held_gpus": policy.held_by_group[name],
+                 "members": hub.members(name) if hub is not None else None}
                 for name, share in sorted(shares.groups.items())]
 
     # --- deciding --------------------------------------------------------------------------
@@ -448,7 +459,8 @@ class GpuQueue:
             if len(free) < admission.gpus:
                 continue  # its lock is there already, under its attempt
             request = GpuRequest(f"admitted:{sweep_id}", controller.owner, "notebook",
-                                 admission.gpus, self.clock())
+                                 admission.gpus, self.clock(),
+                                 self.groups_of(controller.owner))
             scheduler.adopt(request, free[:admission.gpus], request.enqueued_at)
             admitted.add(sweep_id)
         return admitted
@@ -474,6 +486,7 @@ class GpuQueue:
             server = str(holder.get("server") or "")
             return GpuRequest(NotebookAsk(person, server, groups, 1).request_id, person,
                               "notebook", 1, since, groups), since
+        groups = self.groups_of(person)  # a trial's record names no groups: the hub's
         sweep_id, number, attempt = holder.get("sweep_id"), holder.get("trial"), \
             holder.get("attempt")
         rid = f"trial:{sweep_id}/{number}/{attempt}"
@@ -521,8 +534,8 @@ class GpuQueue:
                     self._trials_since[rid] = since
                 requests.append(GpuRequest(
                     rid, controller.owner, "trial", resources.gpu * resources.workers, since,
-                    priority=controller.spec.priority, sweep_id=str(sweep_id),
-                    trial_number=number))
+                    self.groups_of(controller.owner), priority=controller.spec.priority,
+                    sweep_id=str(sweep_id), trial_number=number))
         for rid in set(self._trials_since) - seen:
             del self._trials_since[rid]
         return sorted(requests, key=lambda r: r.enqueued_at)

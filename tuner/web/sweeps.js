@@ -393,7 +393,9 @@ function renderPoolQueue(pool) {
       el("td", {}, `${r.fair_share_gpus} GPUs`)));
   for (const g of pool.groups || []) {
     shares.push(el("tr", { dataset: { group: g.group } },
-      el("td", {}, `group ${g.group}`), el("td", {}, "–"), el("td", {}, String(g.weight)),
+      el("td", {}, `group ${g.group}`),
+      el("td", {}, g.members ? `members: ${g.members.join(", ") || "none"}` : "–"),
+      el("td", {}, String(g.weight)),
       el("td", {}, cap(g.max_gpus)), el("td", {}, String(g.held_gpus)), el("td", {}, "–"),
       el("td", {}, "–"), el("td", {}, "–")));
   }

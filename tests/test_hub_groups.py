@@ -1,0 +1,68 @@
+"""The pool's reading of hub group membership (tuner.scheduling.hub_groups) against a real HTTP
+server answering as the hub's ``GET /hub/api/groups/<name>``: a missing group counts nobody,
+a hub that fails leaves the last membership in force, and only the named groups are read."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tuner.scheduling.hub_groups import HubGroups
+
+
+@pytest.fixture
+def hub() -> Iterator[tuple[str, dict[str, object], list[str]]]:
+    groups: dict[str, object] = {"vision": ["bob", "carl"], "nlp": ["ana"]}
+    asked: list[str] = []
+
+    class Groups(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            asked.append(self.path)
+            assert self.headers["Authorization"] == "token service-token"
+            name = self.path.rsplit("/", 1)[1]
+            if groups.get("broken"):
+                self.send_error(500)
+                return
+            if name not in groups:
+                self.send_error(404)
+                return
+            body = json.dumps({"kind": "group", "name": name, "users": groups[name]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Groups)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hub/api/", groups, asked
+    finally:
+        server.shutdown()
+
+
+async def test_members_of_the_named_groups_only(
+        hub: tuple[str, dict[str, object], list[str]]) -> None:
+    url, groups, asked = hub
+    reader = HubGroups(url, "service-token")
+    assert reader.of("bob") == () and reader.members("vision") is None  # not read yet
+    await reader.refresh(["vision", "robotics"])
+    assert sorted(asked) == ["/hub/api/groups/robotics", "/hub/api/groups/vision"]
+    assert reader.of("bob") == ("vision",) and reader.of("ana") == ()  # nlp is not configured
+    assert reader.members("vision") == ["bob", "carl"]
+    assert reader.members("robotics") == []  # the hub has no such group: nobody counts
+
+    groups["broken"] = True  # the hub fails: what was read stays in force
+    await reader.refresh(["vision", "robotics"])
+    assert reader.of("bob") == ("vision",)
+    del groups["broken"]
+    groups["vision"] = ["carl"]  # bob left the team
+    await reader.refresh(["vision"])
+    assert reader.of("bob") == () and reader.of("carl") == ("vision",)
+    assert reader.members("robotics") is None  # no longer configured: forgotten
