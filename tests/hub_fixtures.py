@@ -94,6 +94,15 @@ class Platform:
         log = self.home / "hub" / "hub.log"
         return log.read_text(errors="replace")[-4000:] if log.exists() else ""
 
+    def tracebacks(self, most: int = 3, lines: int = 40) -> str:
+        """The first ``most`` tracebacks in the hub's log (its services, the tuner among them,
+        log there too), for a failing test's report: a 500 is explained by what the service
+        logged, which the last lines of a long log no longer show."""
+        log = self.home / "hub" / "hub.log"
+        text = log.read_text(errors="replace").splitlines() if log.exists() else []
+        starts = [i for i, line in enumerate(text) if "Traceback" in line][:most]
+        return "\n---\n".join("\n".join(text[max(i - 2, 0):i + lines]) for i in starts)
+
 
 @pytest.fixture
 def platform(tmp_path: Path) -> Iterator[Platform]:
@@ -122,6 +131,8 @@ def platform(tmp_path: Path) -> Iterator[Platform]:
             yield p
         finally:
             p.stop()
+            # Shown by pytest only when the test failed (captured output of its teardown).
+            print("tracebacks in the hub's log:\n" + (p.tracebacks() or "none"))
 
 
 @pytest.fixture
