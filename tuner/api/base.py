@@ -13,6 +13,7 @@ from tunehub_base.request_bounds import BodyError, RequestLimits, parse_json
 from tuner.db.outage import (
     RETRY_AFTER_SECONDS,
     DatabaseUnavailable,
+    busy,
     note_reachable,
     note_unreachable,
     unreachable,
@@ -73,6 +74,8 @@ class JsonHandler(RequestHandler):
             note_unreachable()
             if not isinstance(e, DatabaseUnavailable):
                 e = DatabaseUnavailable("database unreachable; retry shortly")
+        elif busy(e) and not self._finished:  # SQLite held by a writer past its timeout
+            e = Unavailable("the database is busy; retry shortly")
         # Domain errors are the caller's mistake: answer their status, not a 500.
         if isinstance(e, TunehubError) and not self._finished:
             log.info("%s %s -> %s: %s", self.request.method, self.request.path, e.status, e)

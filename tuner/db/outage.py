@@ -80,6 +80,23 @@ def unreachable(exc: BaseException | None) -> bool:
     return False
 
 
+def busy(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is SQLite's "database is locked": a
+    writer held the file longer than the busy timeout. Not an outage (nothing is away, so it
+    is not said as one), but a fault of the database all the same: the caller is told to ask
+    again (503 with ``Retry-After``), never answered a 500."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        orig = getattr(exc, "orig", None)
+        if isinstance(exc, OperationalError) and orig is not None and \
+                type(orig).__module__.startswith("sqlite3") and (
+                    "locked" in str(orig) or "busy" in str(orig)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _lost_connection(orig: BaseException | None) -> bool:
     if orig is None or type(orig).__module__.startswith("sqlite3"):
         return False
