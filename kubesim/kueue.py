@@ -13,7 +13,9 @@ PriorityClass value. Higher-priority workloads are admitted first and, if the Cl
 (their Job is suspended again, their pod deleted; the Workload gets ``Evicted``). Pending
 workloads carry Kueue's message (``couldn't assign flavors to pod set main: insufficient quota
 for nvidia.com/gpu in flavor a100, 2 more needed``); their positions are served by
-:mod:`.kueue_visibility`. Not emulated: cohorts, borrowing, fair sharing, LimitRanges,
+:mod:`.kueue_visibility`. Each ClusterQueue's status says its quota in use per flavor and
+resource (``flavorsReservation``, ``flavorsUsage``) and its pending and admitted workload
+counts, as Kueue's does. Not emulated: cohorts, borrowing, fair sharing, LimitRanges,
 admission checks, pod groups.
 
 Like Kueue 0.20 it serves only ``kueue.x-k8s.io/v1beta2`` (``v1beta1`` paths are 404), and the
@@ -66,6 +68,8 @@ class KueueController:
         self._pending_msg: dict[str, str] = {}
         #: Evicted and not admitted again: its Workload keeps ``Evicted`` while it waits.
         self._evicted: dict[str, str] = {}
+        #: Each ClusterQueue's status as last written (written again only when it changes).
+        self._cq_status: dict[str, JSON] = {}
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -183,6 +187,13 @@ class KueueController:
         queued = self._queued()
         pending = [j for j in queued if j["metadata"]["uid"] not in self.admitted]
         pending.sort(key=lambda j: (-self._priority(j), j["metadata"]["creationTimestamp"]))
+        waiting: dict[str, int] = {}  # pending workloads per ClusterQueue, for its status
+        try:
+            await self._admit_pending(pending, waiting)
+        finally:
+            await self._cluster_queue_statuses(waiting)
+
+    async def _admit_pending(self, pending: list[JSON], waiting: dict[str, int]) -> None:
         for job in pending:
             ns = job["metadata"]["namespace"]
             lq = self.local.cache.get((ns, job["metadata"]["labels"][QUEUE_LABEL]))
@@ -200,15 +211,41 @@ class KueueController:
             if isinstance(result, str):
                 victims = self._victims(cq, job)
                 if victims is None:
+                    waiting[name] = waiting.get(name, 0) + 1
                     await self._pending(job, result)
                     continue
                 for victim in victims:
                     await self._evict(victim, job)
                 result = self._assign(cq, self._request(job), self._usage(name))
                 if isinstance(result, str):
+                    waiting[name] = waiting.get(name, 0) + 1
                     await self._pending(job, result)
                     continue
             await self._admit(job, name, *result)
+
+    async def _cluster_queue_statuses(self, waiting: dict[str, int]) -> None:
+        """Each ClusterQueue's status as Kueue keeps it: per flavor of its resource groups,
+        each covered resource's quota in use (``flavorsReservation`` and ``flavorsUsage``,
+        ``total`` and ``borrowed``: no cohorts here, so never borrowed), and its workload
+        counts. Written only when it changed (the write is watched, as every change is)."""
+        for cq in list(self.cluster.cache.values()):
+            name = cq["metadata"]["name"]
+            used = self._usage(name)
+            flavors = []
+            for group in cq["spec"].get("resourceGroups") or []:
+                for flavor in group.get("flavors") or []:
+                    flavors.append({"name": flavor["name"], "resources": [
+                        {"name": r, "total": _fmt(used.get((flavor["name"], r), Decimal(0))),
+                         "borrowed": "0"}
+                        for r in group.get("coveredResources") or []]})
+            admitted = sum(1 for q, _, _ in self.admitted.values() if q == name)
+            status: JSON = {"flavorsReservation": flavors, "flavorsUsage": copy.deepcopy(flavors),
+                            "pendingWorkloads": waiting.get(name, 0),
+                            "reservingWorkloads": admitted, "admittedWorkloads": admitted}
+            if self._cq_status.get(name) == status:
+                continue
+            await self.client.replace_status(f"{API}/clusterqueues/{name}", status)
+            self._cq_status[name] = status
 
     def _victims(self, cq: JSON, job: JSON) -> list[JSON] | None:
         policy = ((cq["spec"].get("preemption") or {}).get("withinClusterQueue") or "Never")
