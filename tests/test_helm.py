@@ -178,9 +178,20 @@ def test_schema_forbids_unknown_keys_everywhere() -> None:
 
 def test_rbac_is_namespaced_and_minimal() -> None:
     objects = render(example_values())
-    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    # One cluster-wide grant: get on the release's one ClusterQueue (the pool view's flavors),
+    # bound to the tuner alone.
+    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    (queue,) = [o for o in objects if o["kind"] == "ClusterQueue"]
+    assert cluster_role["rules"] == [{"apiGroups": ["kueue.x-k8s.io"],
+                                      "resources": ["clusterqueues"],
+                                      "resourceNames": [queue["metadata"]["name"]],
+                                      "verbs": ["get"]}]
+    (cluster_binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    assert cluster_binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    assert cluster_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": f"{RELEASE}-tuner", "namespace": NAMESPACE}]
     cluster_scoped = {o["kind"] for o in objects if "namespace" not in o["metadata"]
-                      and o["kind"] in CLUSTER_SCOPED | {"Namespace", "ClusterRole",
+                      and o["kind"] in CLUSTER_SCOPED | {"Namespace",
                                                          "CustomResourceDefinition"}}
     assert cluster_scoped == CLUSTER_SCOPED
     tuner = find(objects, "Role", f"{RELEASE}-tuner")

@@ -725,10 +725,12 @@ async def test_tuner_role_grants_exactly_the_verbs_the_backend_uses(
         await be.close()
     used = kube_env.exercised(TUNER_ACCOUNT)
     # Kueue's part of the Role (the chart's example queues trials) is used by a backend with
-    # a LocalQueue: tests/test_kubernetes_kueue.py checks it is exercised there.
+    # a LocalQueue: tests/test_kubernetes_kueue.py checks it is exercised there; the
+    # ClusterRole's ClusterQueue read by the pool view: tests/test_pool_kubernetes.py.
     granted = kube_env.granted(TUNER_ACCOUNT) - {
         ("kueue.x-k8s.io", "workloads", "list"), ("kueue.x-k8s.io", "workloads", "watch"),
-        ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get")}
+        ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
+        ("kueue.x-k8s.io", "clusterqueues", "get")}
     assert used == granted, (f"granted but never used: {sorted(granted - used)}; "
                              f"used but not granted: {sorted(used - granted)}")
     assert kube_env.exercised(TUNER_ACCOUNT, allowed=False) == {

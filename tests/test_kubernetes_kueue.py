@@ -57,17 +57,21 @@ print("finished at", step, flush=True)
 """
 
 
-def kueue_pool(kube: KubeCluster) -> None:
-    """A team's ClusterQueue holding the A100 node's 2 GPUs, preempting by priority inside it,
-    its LocalQueue, and workload priority classes as the chart makes them."""
+def kueue_pool(kube: KubeCluster, cluster_queue: str = "team-a",
+               preemption: bool = True) -> None:
+    """A team's ClusterQueue holding the A100 node's 2 GPUs, preempting by priority inside it
+    (unless not ``preemption``), its LocalQueue ``team``, and workload priority classes as
+    the chart makes them."""
     for name, value in WORKLOAD_CLASSES.items():
         kube.create({"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
                      "metadata": {"name": f"wpc-{name}"}, "value": value})
     kube.create({"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "a100"},
                  "spec": {"nodeLabels": {"nvidia.com/gpu.product": A100}}})
-    kube.create({"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": "team-a"},
+    kube.create({"apiVersion": KUEUE, "kind": "ClusterQueue",
+                 "metadata": {"name": cluster_queue},
                  "spec": {"namespaceSelector": {},
-                          "preemption": {"withinClusterQueue": "LowerPriority"},
+                          "preemption": {"withinClusterQueue": (
+                              "LowerPriority" if preemption else "Never")},
                           "resourceGroups": [{
                               "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
                               "flavors": [{"name": "a100", "resources": [
@@ -75,7 +79,7 @@ def kueue_pool(kube: KubeCluster) -> None:
                                   {"name": "memory", "nominalQuota": "64Gi"},
                                   {"name": "nvidia.com/gpu", "nominalQuota": "2"}]}]}]}})
     kube.create({"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": "team"},
-                 "spec": {"clusterQueue": "team-a"}})
+                 "spec": {"clusterQueue": cluster_queue}})
 
 
 @pytest.fixture

@@ -343,28 +343,37 @@ class HolderBook:
             if row["holder"] is not None:
                 spans.append({**row["holder"], "gpu": row["gpu"], "start": row["since"],
                               "end": now, "open": True, "use": row.get("use")})
-        sums: dict[str, defaultdict[str, float]] = {
-            k: defaultdict(float) for k in ("person", "group", "sweep", "notebook")}
-        used: dict[str, defaultdict[str, float]] = {k: defaultdict(float) for k in sums}
-        total = used_total = 0.0
-        for span in spans:
-            start, end = float(span["start"]), float(span["end"])
-            seconds = max(0.0, min(end, now) - max(start, since))
-            if seconds <= 0:
-                continue
-            hours = seconds / 3600
-            use = span.get("use")
-            use = use if isinstance(use, dict) else {}
-            used_hours = _number(use.get("used_seconds")) / 3600 * (
-                seconds / (end - start) if end > start else 1.0)
-            total += hours
-            used_total += used_hours
-            for key in _usage_keys(span):
-                sums[key[0]][key[1]] += hours
-                used[key[0]][key[1]] += used_hours
-        return {"since": since, "until": now, "gpu_hours": total, "used_gpu_hours": used_total,
-                **{k: dict(sorted(v.items())) for k, v in sums.items()},
-                "used": {k: dict(sorted(v.items())) for k, v in used.items()}}
+        return usage_report(spans, since, now)
+
+
+def usage_report(spans: list[dict[str, Any]], since: float, now: float) -> dict[str, Any]:
+    """GPU-hours from ``since`` to ``now`` of ``spans`` (holdings: person, kind, groups, sweep
+    or server, ``start``, ``end``, optional measured ``use``; one per GPU, or with ``gpus``,
+    how many it held), per person, group, sweep and notebook, and what was used of them. The
+    one sum of both modes: the lock directory's ledger here, the Kubernetes holdings'
+    table (:mod:`tuner.pool_sources.kube_ledger`) there."""
+    sums: dict[str, defaultdict[str, float]] = {
+        k: defaultdict(float) for k in ("person", "group", "sweep", "notebook")}
+    used: dict[str, defaultdict[str, float]] = {k: defaultdict(float) for k in sums}
+    total = used_total = 0.0
+    for span in spans:
+        start, end = float(span["start"]), float(span["end"])
+        seconds = max(0.0, min(end, now) - max(start, since))
+        if seconds <= 0:
+            continue
+        hours = seconds / 3600 * int(span.get("gpus") or 1)
+        use = span.get("use")
+        use = use if isinstance(use, dict) else {}
+        used_hours = _number(use.get("used_seconds")) / 3600 * (
+            seconds / (end - start) if end > start else 1.0)
+        total += hours
+        used_total += used_hours
+        for key in _usage_keys(span):
+            sums[key[0]][key[1]] += hours
+            used[key[0]][key[1]] += used_hours
+    return {"since": since, "until": now, "gpu_hours": total, "used_gpu_hours": used_total,
+            **{k: dict(sorted(v.items())) for k, v in sums.items()},
+            "used": {k: dict(sorted(v.items())) for k, v in used.items()}}
 
 
 def _usage_keys(span: dict[str, Any]) -> Iterator[tuple[str, str]]:

@@ -72,6 +72,7 @@ def usage_view(lock_dir: Path, since: float, now: float | None = None) -> dict[s
     report = HolderBook(lock_dir).usage(ids, since, now)
     report["since_iso"] = iso(report["since"])
     report["until_iso"] = iso(report["until"])
+    report["mode"] = "local"
     return report
 
 

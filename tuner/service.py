@@ -194,11 +194,20 @@ async def serve() -> None:
                 queue = ctx.gpu_queue
                 reading_groups = asyncio.get_running_loop().create_task(
                     hub_groups.keep_reading(lambda: queue.shares.groups.keys()))
+    if names[0] == "kubernetes":  # the pool people see is the cluster's
+        from tuner.backends.kubernetes import KubernetesBackend
+        from tuner.pool_sources.kubernetes import KubernetesPoolSource
+
+        cluster = backends["kubernetes"]
+        if isinstance(cluster, KubernetesBackend):
+            ctx.pool_source = KubernetesPoolSource(cluster.settings, db)
     app = make_app(engine, prefix, ctx, cookie_secret(settings))
     server = await listen(app, host, port, tls_context())
     await engine.start()
     if notebook_gpus is not None:
         notebook_gpus.start()
+    if ctx.pool_source is not None:
+        await ctx.pool_source.start()  # the cluster's GPU-hours, recorded as pods come and go
     adopted = await adopt_orphans(engine)
     log.info(
         "tuner service on %s://%s:%s%s (backends: %s; resumed sweeps: %s)",
@@ -217,6 +226,8 @@ async def serve() -> None:
     server.stop()
     if notebook_gpus is not None:
         await notebook_gpus.close()
+    if ctx.pool_source is not None:
+        await ctx.pool_source.close()
     await engine.close()
     db.dispose()
 

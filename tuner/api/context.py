@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from jupyterhub.services.auth import HubOAuth
 
 from tuner.backends import Backend
+from tuner.pool_sources import PoolSource
 from tuner.queue_metrics import GpuQueueCollector
 from tuner.scheduling.gpu_queue import GpuQueue
 from tuner.scheduling.host import SweepHost
@@ -33,3 +34,6 @@ class ServiceContext:
     gpu_queue: GpuQueue | None = None
     #: The queue's and shares' metrics, refreshed by the scrape (with ``gpu_queue``).
     queue_metrics: GpuQueueCollector | None = None
+    #: Where ``GET pool`` and ``GET usage`` read the pool (:mod:`tuner.pool_sources`): the
+    #: cluster's when the default backend is Kubernetes; None: this machine's lock directory.
+    pool_source: PoolSource | None = None

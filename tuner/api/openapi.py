@@ -305,7 +305,9 @@ def document(base_path: str) -> dict[str, Any]:
             "/pool": {
                 "get": _op("This machine's GPUs: free, or who holds each since when, and what each "
                            "does (utilisation, memory); the queue with positions and reasons; each "
-                           "person's share (everyone's)",
+                           "person's share (everyone's). On Kubernetes (mode kubernetes): the "
+                           "pods holding GPUs, each Kueue flavor's quota and use (flavors), the "
+                           "pending GPU Workloads with Kueue's positions and reasons",
                            {"type": "object"}, READ, errors=("401", "403")),
             },
             "/usage": {

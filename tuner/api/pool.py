@@ -21,22 +21,24 @@ from tunehub_base.scopes import READ
 from tuner.api.auth import UserHandler
 from tuner.api.base import ApiError, JsonHandler
 from tuner.api.context import ServiceContext
-from tuner.pool_view import parse_since, pool_view, usage_view
+from tuner.pool_sources import LocalPoolSource, PoolSource
+from tuner.pool_view import parse_since
 from tuner.scheduling.gpu_queue import NotebookAsk
 
 NAME_MAX = 255
 GROUPS_MAX = 256
 
 
+def pool_source(ctx: ServiceContext) -> PoolSource:
+    """The service's source of the pool: the cluster's, or this machine's by default."""
+    return ctx.pool_source or LocalPoolSource(ctx.store.settings.gpu_locks_dir, ctx.gpu_queue)
+
+
 class PoolHandler(UserHandler):
     scopes: ClassVar[dict[str, str]] = {"GET": READ}
 
     async def get(self) -> None:
-        lock_dir = self.ctx.store.settings.gpu_locks_dir
-        view = await asyncio.to_thread(pool_view, lock_dir)
-        if self.ctx.gpu_queue is not None:
-            view.update(await self.ctx.gpu_queue.view())
-        self.send(view)
+        self.send(await pool_source(self.ctx).pool())
 
 
 class UsageHandler(UserHandler):
@@ -47,8 +49,7 @@ class UsageHandler(UserHandler):
         if not raw:
             raise ApiError(400, "since: expected a date like 2026-11-01", "since")
         since = parse_since(raw[:64])
-        lock_dir = self.ctx.store.settings.gpu_locks_dir
-        self.send(await asyncio.to_thread(usage_view, lock_dir, since))
+        self.send(await pool_source(self.ctx).usage(since))
 
 
 class PoolRequestsHandler(JsonHandler):

@@ -69,6 +69,8 @@ def cmd_pool(args: argparse.Namespace) -> int:
         if row.get("measure_absent"):
             absent.add(row["measure_absent"])
     console.print(table)
+    if view.get("flavors"):  # Kubernetes: Kueue's flavors of the ClusterQueue
+        console.print(flavors_table(view["flavors"]))
     if view.get("queue"):  # from the tuner service, which keeps the queue
         waiting = Table(title="Waiting for GPUs")
         for col in ("#", "person", "what", "gpus", "reason"):
@@ -81,9 +83,22 @@ def cmd_pool(args: argparse.Namespace) -> int:
         console.print(shares_table(view["shares"], view.get("groups") or []))
     if view.get("shares_error"):
         console.print(f"shares: {view['shares_error']}", markup=False, highlight=False)
+    for error in view.get("errors") or ():  # Kubernetes: a part the tuner could not read
+        console.print(f"not read: {error}", markup=False, highlight=False)
     for reason in sorted(absent):
         console.print(f"not measured: {reason}", markup=False, highlight=False)
     return 0
+
+
+def flavors_table(flavors: list[dict[str, Any]]) -> Table:
+    """Each Kueue flavor's GPUs: the ClusterQueue's nominal quota, in use, borrowed, free."""
+    table = Table(title="Flavors (Kueue)")
+    for col in ("flavor", "resource", "quota", "in use", "borrowed", "free"):
+        table.add_column(col)
+    for f in flavors:
+        table.add_row(f["flavor"], f["resource"], f"{f['nominal']:g}", f"{f['used']:g}",
+                      f"{f['borrowed']:g}", f"{f['free']:g}")
+    return table
 
 
 def shares_table(people: list[dict[str, Any]], groups: list[dict[str, Any]]) -> Table:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -186,3 +187,29 @@ class ModelName(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     owner: Mapped[str] = mapped_column(String(255), index=True)
     created_at: Mapped[datetime | None] = mapped_column(DateTime, default=utcnow, nullable=True)
+
+
+class GpuHolding(Base):
+    """A pod that held GPUs on Kubernetes (a trial attempt's or a notebook's), from its start
+    to its end: the cluster's GPU-hours ledger (:mod:`tuner.pool_sources.kube_ledger`), the
+    counterpart of the lock directory's ``ledger.jsonl`` on one machine. ``end`` is null while
+    the pod holds them; ``stale``: its end was not seen (the pod vanished while no tuner
+    watched), so the tuner closed it when it noticed. Times are seconds since the epoch, as
+    in the ledger; one row per pod (its uid), however many tuners watch."""
+
+    __tablename__ = "tunehub_gpu_holdings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pod_uid: Mapped[str] = mapped_column(String(64), unique=True)
+    pod: Mapped[str] = mapped_column(String(253))
+    person: Mapped[str] = mapped_column(String(255), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    server: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    sweep_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    trial: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    flavor: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    start: Mapped[float] = mapped_column(Float)
+    end: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    stale: Mapped[bool] = mapped_column(Boolean, default=False)

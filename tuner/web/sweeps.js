@@ -359,6 +359,7 @@ async function loadPool() {
       el("td", {}, g.memory_used_bytes === null || g.memory_used_bytes === undefined ? "–"
         : `${fmtBytes(g.memory_used_bytes)} of ${fmtBytes(g.memory_total_bytes)}`));
   }));
+  renderFlavors(pool);
   renderPoolQueue(pool);
   const rows = [];
   for (const by of ["person", "group", "sweep", "notebook"]) {
@@ -371,6 +372,21 @@ async function loadPool() {
   $("pool-usage").querySelector("tbody").replaceChildren(...rows);
   $("pool-usage").hidden = rows.length === 0;
   $("no-usage").hidden = rows.length > 0;
+}
+
+// Kubernetes: each Kueue flavor's quota and use, and the parts of the cluster the tuner could
+// not read (absent on one machine).
+function renderFlavors(pool) {
+  const flavors = pool.flavors || [];
+  $("pool-flavors").querySelector("tbody").replaceChildren(...flavors.map((f) =>
+    el("tr", { dataset: { flavor: f.flavor } },
+      el("td", {}, f.flavor), el("td", {}, f.resource), el("td", {}, String(f.nominal)),
+      el("td", {}, String(f.used)), el("td", {}, String(f.borrowed)),
+      el("td", {}, String(f.free)))));
+  $("pool-flavors").hidden = flavors.length === 0;
+  const errors = pool.errors || [];
+  $("pool-errors").textContent = errors.map((e) => `not read: ${e}`).join("; ");
+  $("pool-errors").hidden = errors.length === 0;
 }
 
 // The queue by position (who, what, why) and each person's and group's weight and cap: only

@@ -286,6 +286,15 @@ class Kube:
                 return None
             raise
 
+    async def cluster_queue(self, name: str) -> dict[str, Any]:
+        """Kueue's ClusterQueue ``name``: its quota per flavor and, in its status, what is in
+        use (the pool view's flavors). Cluster-scoped: the chart's ClusterRole grants ``get``
+        on this one name."""
+        return await patiently(f"reading ClusterQueue {name}", lambda: self._json(
+            self.custom.get_cluster_custom_object(
+                kueue.API_GROUP, kueue.API_VERSION, "clusterqueues", name,
+                _preload_content=False, _request_timeout=REQUEST_SECONDS)))
+
     @staticmethod
     def _selectors(selector: str, fields: str | None) -> dict[str, str]:
         out = {"label_selector": selector} if selector else {}

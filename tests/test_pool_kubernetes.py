@@ -1,0 +1,223 @@
+"""Everyone sees the pool on Kubernetes too (issue 25): against the emulated cluster over real
+HTTP (kubesim's Kueue keeps its ClusterQueue's status and serves the visibility API), the
+tuner's pool source under the chart's tuner Role and ClusterRole shows who holds GPUs (a trial
+attempt's Job, a notebook's pod) since when, each flavor's quota and use, the pending trial
+with its Kueue position and reason, and the GPU-hours of a holding that ended. Through the
+tuner service a person with the read scope sees it and cannot change it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kubesim import KubeCluster
+from kubesim.waiting import eventually
+from tests.chart_security import TUNER_ACCOUNT, chart_rbac, tuner_kubeconfig
+from tests.polling import wait_for
+from tests.service_fixtures import running_tuner_hub
+from tests.test_kubernetes_backend import (  # noqa: F401  (fixture kube_env)
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    kube_env,
+    kube_launch,
+)
+from tests.test_kubernetes_kueue import kueue_pool
+from tunehub_base.scopes import READ
+from tuner.backends.kubernetes import KubernetesBackend
+from tuner.backends.kubernetes import manifests as m
+from tuner.db import Database
+from tuner.db.models import GpuHolding
+from tuner.pool_sources.kubernetes import KubernetesPoolSource
+from tuner.spec import Resources
+
+WAIT = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
+
+
+def chart_cluster_queue(kube: KubeCluster) -> str:
+    """The ClusterQueue the chart's tuner may read (its ClusterRole's one resource name)."""
+    for obj in chart_rbac(kube.namespace):
+        for rule in obj.get("rules") or [] if obj["kind"] == "ClusterRole" else []:
+            if "clusterqueues" in rule.get("resources", []):
+                return str(rule["resourceNames"][0])
+    raise AssertionError("the chart grants the tuner no ClusterQueue")
+
+
+def team_queue(kube: KubeCluster, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The chart's ClusterQueue with the A100 node's 2 GPUs (no preemption), its LocalQueue
+    ``team``, workload priority classes; the tuner's settings pointing at them."""
+    cq = chart_cluster_queue(kube)
+    kueue_pool(kube, cq, preemption=False)
+    monkeypatch.setenv("TUNEHUB_K8S_QUEUE", "team")
+    monkeypatch.setenv("TUNEHUB_K8S_CLUSTER_QUEUE", cq)
+    monkeypatch.setenv("TUNEHUB_K8S_WORKLOAD_PRIORITY_CLASSES", json.dumps(
+        {p: f"wpc-{p}" for p in ("low", "normal", "high")}))
+    return cq
+
+
+def notebook_pod(person: str, done: Path) -> dict[str, Any]:
+    """A one-GPU notebook pod as the chart's KubeSpawner makes it (its labels and
+    annotations), queued in Kueue with the notebook workload priority."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"jupyter-{person}",
+        "labels": {m.QUEUE_LABEL: "team", m.PRIORITY_LABEL: "wpc-notebook",
+                   "app.kubernetes.io/instance": "tunehub", "component": "notebook",
+                   "app.kubernetes.io/component": "notebook",
+                   "app.kubernetes.io/managed-by": "kubespawner",
+                   "hub.jupyter.org/username": person},
+        "annotations": {"hub.jupyter.org/username": person}},
+        "spec": {"restartPolicy": "Never", "securityContext": RESTRICTED_POD,
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                 "containers": [{"name": "notebook", "image": "notebook",
+                                 "securityContext": RESTRICTED_CONTAINER,
+                                 "command": ["python", "-c", WAIT, str(done)],
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
+
+def gpu_trial(kube: KubeCluster, trial: int, gpus: int, gate: Path, priority: str = "normal"):
+    la = kube_launch(kube, trial, "", command=f"python wait.py {gate}", priority=priority,
+                     timeout=None, resources=Resources(gpu=gpus, gpu_type="a100", memory="1Gi"))
+    (la.workdir / "wait.py").write_text(WAIT.replace("sys.argv[1]", repr(str(gate))))
+    return la
+
+
+@pytest.fixture
+async def source(kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+                 tmp_path: Path) -> AsyncIterator[tuple[KubernetesBackend, KubernetesPoolSource]]:
+    team_queue(kube_env, monkeypatch)
+    backend = KubernetesBackend.from_env()
+    await backend.start()
+    db = Database(f"sqlite:///{tmp_path / 'tuner.sqlite'}")
+    pool = KubernetesPoolSource(backend.settings, db)
+    await pool.start()
+    try:
+        yield backend, pool
+    finally:
+        await pool.close()
+        await backend.close()
+        db.dispose()
+
+
+async def test_the_cluster_pool_shows_holders_flavors_the_queue_and_gpu_hours(
+        source: tuple[KubernetesBackend, KubernetesPoolSource],
+        kube_env: KubeCluster) -> None:  # noqa: F811
+    backend, pool = source
+    data = kube_env.data_dir
+    began = time.time()
+    await backend.launch(gpu_trial(kube_env, 1, 1, data / "gate-1"))  # alice's, 1 GPU
+    kube_env.create(notebook_pod("bob", data / "bob-done"))
+    await backend.launch(gpu_trial(kube_env, 2, 2, data / "gate-2"))  # 2 more: it waits
+
+    async def settled() -> dict[str, Any] | None:
+        view = await pool.pool()
+        ready = view["held"] == 2 and view["queue"] and view["flavors"] and view["flavors"][
+            0]["used"] == 2 and "1st in queue" in view["queue"][0]["reason"]
+        return view if ready else None
+    view = await eventually(settled, 30, "two GPUs held, one trial queued, the flavor full")
+
+    assert view["mode"] == "kubernetes" and "errors" not in view, view.get("errors")
+    assert view["total"] == 2 and view["gpu_source"].startswith("Kueue ClusterQueue ")
+    assert view["flavors"] == [{"flavor": "a100", "resource": "nvidia.com/gpu", "nominal": 2,
+                                "used": 2, "borrowed": 0, "free": 0}]
+    held = {row["holder"]["kind"]: row for row in view["gpus"]}
+    trial, notebook = held["trial"], held["notebook"]
+    assert trial["holder"]["person"] == "alice"
+    assert trial["holder"]["what"] == "sweep 3 trial 1 attempt 1"
+    assert notebook["holder"]["person"] == "bob" and notebook["holder"]["what"] == (
+        "notebook of bob")
+    for row in (trial, notebook):
+        assert row["state"] == "held" and row["gpus"] == 1 and row["flavor"] == "a100"
+        assert row["node"] == "gpu-a100-0" and row["gpu"] == "1 x a100 on gpu-a100-0"
+        assert began - 2 <= row["since"] <= time.time() and row["since_iso"]
+    (waiting,) = view["queue"]
+    assert waiting["position"] == 1 and waiting["person"] == "alice"
+    assert waiting["what"] == "sweep 3 trial 2 attempt 1" and waiting["gpus"] == 2
+    assert waiting["priority"] == "normal" and waiting["kind"] == "trial"
+    assert waiting["reason"] == (
+        f"waiting for quota in ClusterQueue {backend.settings.cluster_queue}: 1st in queue "
+        "(couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu in "
+        "flavor a100, 2 more needed)")
+
+    # bob's notebook ends (once it has held its GPU for two of the API's whole seconds): its
+    # holding is closed with the pod's end, counted in GPU-hours; alice's running trial
+    # counts up to now.
+    async def two_seconds_held() -> bool:
+        return time.time() >= notebook["since"] + 2
+    await eventually(two_seconds_held, 5, "bob's notebook to hold its GPU a while")
+    (data / "bob-done").write_text("")
+
+    def bobs() -> GpuHolding | None:
+        with pool.ledger.db.session() as s:
+            row = s.query(GpuHolding).filter_by(person="bob").one_or_none()
+            return row if row is not None and row.end is not None else None
+
+    async def closed() -> GpuHolding | None:
+        return bobs()
+    ended = await eventually(closed, 30, "bob's notebook holding to be closed")
+    assert ended.kind == "notebook" and ended.gpus == 1 and not ended.stale
+    usage = await pool.usage(began - 60)
+    assert usage["notebook"]["bob"] == pytest.approx((ended.end - ended.start) / 3600)
+    assert usage["person"]["bob"] == usage["notebook"]["bob"] > 0
+    assert usage["person"]["alice"] > 0 and usage["sweep"]["3"] == usage["person"]["alice"]
+    assert usage["mode"] == "kubernetes" and usage["since_iso"]
+    (data / "gate-1").write_text("")
+    (data / "gate-2").write_text("")
+
+    # Everything was read under the chart's Role, and its ClusterRole's one ClusterQueue.
+    used = kube_env.exercised(TUNER_ACCOUNT)
+    assert {("kueue.x-k8s.io", "clusterqueues", "get"), ("kueue.x-k8s.io", "workloads", "list"),
+            ("visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get"),
+            ("", "pods", "list"), ("", "pods", "watch")} <= used
+    assert kube_env.exercised(TUNER_ACCOUNT, allowed=False) == set()
+
+
+def test_a_person_reads_the_cluster_pool_and_cannot_change_it(
+        kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path  # noqa: F811
+) -> None:
+    cq = team_queue(kube_env, monkeypatch)
+    kube_env.create(notebook_pod("ann", kube_env.data_dir / "ann-done"))
+    env = {"TUNEHUB_BACKENDS": "kubernetes", "KUBECONFIG": str(tuner_kubeconfig(kube_env)),
+           "TUNEHUB_DATA": str(kube_env.data_dir),
+           "TUNEHUB_HOME": str(kube_env.data_dir / ".tunehub"),
+           "TUNEHUB_K8S_QUEUE": "team", "TUNEHUB_K8S_CLUSTER_QUEUE": cq}
+    with running_tuner_hub(tmp_path, f"sqlite:///{tmp_path / 'tuner.sqlite'}", env) as hub:
+        bob = hub.client(hub.token("bob", [READ]))
+
+        def ann_holds() -> dict[str, Any] | None:
+            view = bob.get("pool").json()
+            return view if view["held"] == 1 else None
+        view = wait_for(ann_holds, timeout=20, what="ann's notebook to hold its GPU")
+        assert view["mode"] == "kubernetes"
+        assert view["gpus"][0]["holder"]["person"] == "ann"
+        assert view["flavors"][0]["used"] == 1 and view["flavors"][0]["nominal"] == 2
+        r = bob.get("usage", params={"since": "soon"})
+        assert r.status_code == 400 and r.json()["field"] == "since"
+        assert bob.get("usage").json()["field"] == "since"
+        usage = bob.get("usage", params={"since": "2026-01-01"})
+        assert usage.status_code == 200 and usage.json()["mode"] == "kubernetes"
+        for method in ("POST", "PUT", "DELETE", "PATCH"):
+            for path in ("pool", "usage"):
+                r = bob.request(method, path, json={"gpu": "0", "state": "free"})
+                assert r.status_code == 405, (method, path, r.text)
+        # tunehub pool from a notebook terminal shows the same rows, with the flavors.
+        cli = subprocess.run(
+            [str(Path(sys.executable).parent / "tunehub"), "pool"], capture_output=True,
+            text=True, timeout=60, env={**os.environ, "COLUMNS": "200",
+                                        "TUNEHUB_API_URL": f"{hub.url}services/tuner/",
+                                        "TUNEHUB_TOKEN": hub.token("bob", [READ])})
+        assert cli.returncode == 0, cli.stderr
+        for words in ("GPU pool: 1 of 2 held (Kueue ClusterQueue", "notebook of ann",
+                      "1 x a100 on gpu-a100-0", "Flavors (Kueue)", "nvidia.com/gpu"):
+            assert words in cli.stdout, cli.stdout
+        assert bob.post("pool/requests", json={"gpus": 1}).status_code == 401
+        assert httpx.get(f"{hub.api}pool", timeout=30).status_code == 401
+        assert kube_env.get("pods", "jupyter-ann") is not None  # nothing changed
+

@@ -1,0 +1,71 @@
+"""GPU-hours on Kubernetes: one row per pod that held GPUs, in the tuner's database
+(``tunehub_gpu_holdings``, :class:`tuner.db.models.GpuHolding`).
+
+Why the database and not a file as on one machine: on a cluster the tuner has no directory it
+shares with the hub (the lock directory's ``ledger.jsonl`` exists because the hub and the
+tuner share that directory and nothing else), but it has its database, which every tuner
+replica shares and which outlives pods; the pods themselves go (a Job's after its TTL, a
+notebook's when it stops), so what they held must be written down while they are seen.
+
+Written by :mod:`.kube_recorder` from the pod watch: a row opened when a pod is first seen
+holding GPUs, closed when it finishes or goes. Each write is idempotent (the pod's uid is
+unique, a close touches only an open row), so several tuners watching write each holding
+once. Rows are plain calls here; the recorder runs them off the event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+
+from tunehub_base.gpu_holders import Holder
+from tuner.db import Database
+from tuner.db.models import GpuHolding
+
+
+class KubeHoldingLedger:
+    """The holdings table of one database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def opened(self, uid: str, pod: str, holder: Holder, gpus: int, flavor: str | None,
+               start: float, end: float | None = None) -> bool:
+        """Record the pod's holding (closed at once when ``end`` is known: a pod seen only
+        after it finished). False if it was recorded already."""
+        try:
+            with self.db.session() as s:
+                s.add(GpuHolding(
+                    pod_uid=uid, pod=pod, person=holder.person, kind=holder.kind,
+                    server=holder.server, sweep_id=holder.sweep_id, trial=holder.trial,
+                    attempt=holder.attempt, gpus=gpus, flavor=flavor, start=start,
+                    end=None if end is None else max(end, start), stale=False))
+            return True
+        except IntegrityError:
+            return False
+
+    def closed(self, uid: str, end: float, stale: bool = False) -> bool:
+        """End the pod's open holding at ``end``; False when none is open."""
+        with self.db.session() as s:
+            result = s.execute(update(GpuHolding).where(
+                GpuHolding.pod_uid == uid, GpuHolding.end.is_(None)).values(end=end, stale=stale))
+            return bool(getattr(result, "rowcount", 0))
+
+    def open_uids(self) -> set[str]:
+        with self.db.session() as s:
+            return set(s.scalars(select(GpuHolding.pod_uid).where(GpuHolding.end.is_(None))))
+
+    def spans(self, since: float, now: float) -> list[dict[str, Any]]:
+        """The holdings that overlap ``since``..``now``, open ones ending now, as the spans
+        :func:`tunehub_base.gpu_holders.usage_report` sums."""
+        with self.db.session() as s:
+            rows = s.scalars(select(GpuHolding).where(
+                (GpuHolding.end.is_(None)) | (GpuHolding.end > since),
+                GpuHolding.start < now)).all()
+        return [{"person": r.person, "kind": r.kind, "server": r.server,
+                 "sweep_id": r.sweep_id, "trial": r.trial, "attempt": r.attempt,
+                 "gpus": r.gpus, "flavor": r.flavor, "pod": r.pod, "start": r.start,
+                 "end": now if r.end is None else r.end, "open": r.end is None,
+                 "stale": r.stale, "groups": []} for r in rows]

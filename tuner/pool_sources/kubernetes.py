@@ -1,0 +1,143 @@
+"""The pool of a cluster, read through the Kubernetes API with the backend's client
+(:class:`tuner.backends.kubernetes.api.Kube`) under the chart's tuner Role:
+
+- who holds GPUs: the release's pods asking for the GPU resource, bound and not finished
+  (``list pods``; a trial's person from its Job's owner annotation, ``list jobs``);
+- each flavor's capacity and use: the ClusterQueue's nominal quota and ``flavorsUsage`` for
+  the GPU resource (``get clusterqueues``, granted by the chart's ClusterRole for that one
+  name);
+- the queue: the namespace's pending GPU Workloads (``list workloads``) with their place from
+  Kueue's visibility API (``get localqueues/pendingworkloads``) and Kueue's reason;
+- GPU-hours: the holdings :mod:`.kube_recorder` writes to the database.
+
+Each read that is refused or fails leaves its part empty with the reason in ``errors``,
+never a failed page: the pool is a view."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from tunehub_base.gpu_holders import Holder, usage_report
+from tuner.backends.kubernetes import manifests as m
+from tuner.backends.kubernetes import pool as kp
+from tuner.backends.kubernetes.api import Kube, connect, describe
+from tuner.backends.kubernetes.job_pods import JOB_NAME_LABEL
+from tuner.backends.kubernetes.settings import KubeSettings
+from tuner.db import Database
+from tuner.pool_sources._base import PoolSource
+from tuner.pool_sources.kube_ledger import KubeHoldingLedger
+from tuner.pool_sources.kube_recorder import HoldingRecorder, release_pods
+from tuner.pool_view import iso
+
+log = logging.getLogger("tunehub.pool")
+
+
+class KubernetesPoolSource(PoolSource):
+    mode = "kubernetes"
+
+    def __init__(self, settings: KubeSettings, db: Database) -> None:
+        self.settings = settings
+        self.ledger = KubeHoldingLedger(db)
+        self.kube: Kube | None = None
+        self.recorder: HoldingRecorder | None = None
+        self._recording: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect and start recording holdings; a cluster that cannot be reached is logged
+        and tried again at the next view (the service serves without it)."""
+        try:
+            await self._connect()
+        except Exception as exc:
+            log.warning("the GPU pool on Kubernetes cannot be read yet: %s", describe(exc))
+
+    async def _connect(self) -> Kube:
+        if self.kube is None:
+            self.kube = Kube(await connect(self.settings), self.settings.namespace)
+            self.recorder = HoldingRecorder(self.kube, self.settings, self.ledger)
+            self._recording = asyncio.get_running_loop().create_task(
+                self.recorder.run(), name="k8s-gpu-holdings")
+        return self.kube
+
+    async def close(self) -> None:
+        if self._recording is not None:
+            self._recording.cancel()
+            await asyncio.gather(self._recording, return_exceptions=True)
+        if self.kube is not None:
+            await self.kube.close()
+            self.kube = None
+
+    def _queue_name(self) -> str:
+        s = self.settings
+        return f"ClusterQueue {s.cluster_queue}" if s.cluster_queue else f"LocalQueue {s.queue}"
+
+    async def pool(self) -> dict[str, Any]:
+        s, resource = self.settings, self.settings.gpu_names.resource
+        errors: list[str] = []
+
+        async def read(what: str, call: Any, default: Any) -> Any:
+            try:
+                return await call
+            except Exception as exc:  # a part unread is a reason shown, not a failed page
+                errors.append(f"{what}: {describe(exc)}")
+                return default
+
+        kube = await self._connect()
+        pods, jobs = await asyncio.gather(
+            read("pods", kube.list("pods", release_pods(s)), {}),
+            read("jobs", kube.list("jobs", m.selector(s)), {}))
+        pods, jobs = pods.get("items") or [], jobs.get("items") or []
+        workloads: list[dict[str, Any]] = []
+        cluster_queue: dict[str, Any] | None = None
+        summary = None
+        if s.queue:
+            workloads = (await read("workloads", kube.list("workloads", ""), {})).get(
+                "items") or []
+            summary = await read("pending workloads", kube.pending_workloads(s.queue), None)
+        if s.cluster_queue:
+            cluster_queue = await read(f"ClusterQueue {s.cluster_queue}",
+                                       kube.cluster_queue(s.cluster_queue), None)
+        owners = kp.job_owners(jobs)
+        who: dict[str, Holder | None] = {p["metadata"]["name"]: kp.pod_holder(p, owners)
+                                         for p in pods}
+        who.update({j["metadata"]["name"]: kp.job_holder(j) for j in jobs})
+        flavors = kp.workload_flavors(workloads, resource)
+        now = time.time()
+        rows = []
+        for pod in pods:
+            if not kp.holds(pod, resource):
+                continue
+            labels = pod["metadata"].get("labels") or {}
+            owner = labels.get(JOB_NAME_LABEL) or pod["metadata"]["name"]
+            flavor = flavors.get(owner) or kp.gpu_type(pod, s)
+            row = kp.holding(pod, who.get(pod["metadata"]["name"]), flavor, resource, now)
+            row["since_iso"] = iso(row["since"])
+            row["held_seconds"] = max(0.0, now - row["since"])
+            rows.append(row)
+        rows.sort(key=lambda r: (r["node"] or "", r["since"]))
+        flavor_rows = kp.flavor_rows(cluster_queue, resource) if cluster_queue else []
+        priorities = {v: k for k, v in s.workload_priority_classes.items()}
+        queue = kp.queue_rows(workloads, kp.places(summary), self._queue_name(), who,
+                              resource, priorities)
+        held = sum(int(r["gpus"]) for r in rows)
+        total = int(sum(f["nominal"] for f in flavor_rows)) if flavor_rows else None
+        source = (f"Kueue ClusterQueue {s.cluster_queue}" if flavor_rows
+                  else f"pods in namespace {s.namespace}")
+        view: dict[str, Any] = {
+            "mode": self.mode, "gpu_source": source, "namespace": s.namespace,
+            "resource": resource, "total": held if total is None else total, "held": held,
+            "gpus": rows, "flavors": flavor_rows, "queue": queue, "shares": [], "groups": []}
+        if errors:
+            view["errors"] = errors
+        return view
+
+    async def usage(self, since: float) -> dict[str, Any]:
+        now = time.time()
+        spans = await asyncio.to_thread(self.ledger.spans, since, now)
+        report = usage_report(spans, since, now)
+        report["since_iso"] = iso(report["since"])
+        report["until_iso"] = iso(report["until"])
+        report["mode"] = self.mode
+        return report
