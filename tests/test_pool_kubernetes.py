@@ -8,9 +8,6 @@ tuner service a person with the read scope sees it and cannot change it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,8 +29,9 @@ from tests.test_kubernetes_backend import (  # noqa: F401  (fixture kube_env)
 )
 from tests.test_kubernetes_kueue import kueue_pool
 from tunehub_base.scopes import READ
-from tuner.backends.kubernetes import KubernetesBackend
+from tuner.backends.kubernetes import KubernetesBackend, KubeSettings
 from tuner.backends.kubernetes import manifests as m
+from tuner.cli import main as cli_main
 from tuner.db import Database
 from tuner.db.models import GpuHolding
 from tuner.pool_sources.kubernetes import KubernetesPoolSource
@@ -180,8 +178,8 @@ async def test_the_cluster_pool_shows_holders_flavors_the_queue_and_gpu_hours(
 
 
 def test_a_person_reads_the_cluster_pool_and_cannot_change_it(
-        kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path  # noqa: F811
-) -> None:
+        kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
     cq = team_queue(kube_env, monkeypatch)
     kube_env.create(notebook_pod("ann", kube_env.data_dir / "ann-done"))
     env = {"TUNEHUB_BACKENDS": "kubernetes", "KUBECONFIG": str(tuner_kubeconfig(kube_env)),
@@ -189,7 +187,8 @@ def test_a_person_reads_the_cluster_pool_and_cannot_change_it(
            "TUNEHUB_HOME": str(kube_env.data_dir / ".tunehub"),
            "TUNEHUB_K8S_QUEUE": "team", "TUNEHUB_K8S_CLUSTER_QUEUE": cq}
     with running_tuner_hub(tmp_path, f"sqlite:///{tmp_path / 'tuner.sqlite'}", env) as hub:
-        bob = hub.client(hub.token("bob", [READ]))
+        token = hub.token("bob", [READ])
+        bob = hub.client(token)
 
         def ann_holds() -> dict[str, Any] | None:
             view = bob.get("pool").json()
@@ -207,17 +206,86 @@ def test_a_person_reads_the_cluster_pool_and_cannot_change_it(
             for path in ("pool", "usage"):
                 r = bob.request(method, path, json={"gpu": "0", "state": "free"})
                 assert r.status_code == 405, (method, path, r.text)
-        # tunehub pool from a notebook terminal shows the same rows, with the flavors.
-        cli = subprocess.run(
-            [str(Path(sys.executable).parent / "tunehub"), "pool"], capture_output=True,
-            text=True, timeout=60, env={**os.environ, "COLUMNS": "200",
-                                        "TUNEHUB_API_URL": f"{hub.url}services/tuner/",
-                                        "TUNEHUB_TOKEN": hub.token("bob", [READ])})
-        assert cli.returncode == 0, cli.stderr
+        # tunehub pool from a notebook terminal (the CLI asks the service) shows the same
+        # rows, with the flavors.
+        monkeypatch.setenv("TUNEHUB_API_URL", f"{hub.url}services/tuner/")
+        monkeypatch.setenv("TUNEHUB_TOKEN", token)
+        capsys.readouterr()
+        assert cli_main(["pool"]) == 0
+        out = capsys.readouterr().out
         for words in ("GPU pool: 1 of 2 held (Kueue ClusterQueue", "notebook of ann",
                       "1 x a100 on gpu-a100-0", "Flavors (Kueue)", "nvidia.com/gpu"):
-            assert words in cli.stdout, cli.stdout
+            assert words in out, out
         assert bob.post("pool/requests", json={"gpus": 1}).status_code == 401
         assert httpx.get(f"{hub.api}pool", timeout=30).status_code == 401
         assert kube_env.get("pods", "jupyter-ann") is not None  # nothing changed
 
+
+
+def delete_pod(kube: KubeCluster, name: str) -> None:
+    from kubesim.client import HarnessClient
+
+    async def delete() -> None:
+        client = HarnessClient(kube.url, "test")
+        try:
+            await client.delete(f"/api/v1/namespaces/{kube.namespace}/pods/{name}", grace=0)
+        finally:
+            await client.close()
+    kube.emulator.call(delete())
+
+
+async def test_holdings_that_end_while_no_tuner_watches_are_still_counted(
+        kube_env: KubeCluster, tmp_path: Path) -> None:  # noqa: F811
+    """A notebook pod deleted while the tuner was down is closed when the next tuner lists the
+    pods (``stale``, at that moment); one that started and finished while it was down is
+    recorded whole, from the pod's own start and finish."""
+    db = Database(f"sqlite:///{tmp_path / 'tuner.sqlite'}")
+    settings = KubeSettings.from_env()
+    data = kube_env.data_dir
+
+    def rows() -> dict[str, GpuHolding]:
+        with db.session() as s:
+            return {r.person: r for r in s.query(GpuHolding)}
+
+    first = KubernetesPoolSource(settings, db)
+    await first.start()
+    try:
+        kube_env.create(unqueued(notebook_pod("cy", data / "cy-done")))
+
+        async def cy_open() -> bool:
+            return "cy" in rows()
+        await eventually(cy_open, 20, "cy's notebook holding to be recorded")
+    finally:
+        await first.close()
+    delete_pod(kube_env, "jupyter-cy")  # while no tuner watches
+    quick = unqueued(notebook_pod("dee", data / "dee-done"))
+    (data / "dee-done").write_text("")
+    kube_env.create(quick)
+
+    async def dee_done() -> bool:
+        pod = kube_env.get("pods", "jupyter-dee") or {}
+        return (pod.get("status") or {}).get("phase") == "Succeeded"
+    await eventually(dee_done, 20, "dee's notebook pod to finish")
+    assert rows()["cy"].end is None and "dee" not in rows()
+
+    second = KubernetesPoolSource(settings, db)
+    await second.start()
+    try:
+        async def both_closed() -> bool:
+            seen = rows()
+            return "dee" in seen and seen["cy"].end is not None
+        await eventually(both_closed, 20, "the next tuner to close and record them")
+    finally:
+        await second.close()
+        db.dispose()
+    cy, dee = rows()["cy"], rows()["dee"]
+    assert cy.stale and cy.end >= cy.start
+    assert not dee.stale and dee.end is not None and dee.kind == "notebook" and dee.gpus == 1
+
+
+def unqueued(pod: dict[str, Any]) -> dict[str, Any]:
+    """The notebook pod without Kueue (``kueue.queueNotebooks`` off): the scheduler places
+    it directly."""
+    for label in (m.QUEUE_LABEL, m.PRIORITY_LABEL):
+        pod["metadata"]["labels"].pop(label)
+    return pod

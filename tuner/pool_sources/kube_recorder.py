@@ -85,9 +85,10 @@ class HoldingRecorder:
         if not spec.get("nodeName") or kp.pod_gpus(pod, self.resource) == 0:
             return  # never held a GPU (not scheduled yet, or asks for none)
         uid = pod["metadata"]["uid"]
-        end = finished_at(pod) if (pod.get("status") or {}).get("phase") in kp.FINISHED \
-            else None
-        if deleted and end is None:
+        end = None
+        if (pod.get("status") or {}).get("phase") in kp.FINISHED:
+            end = finished_at(pod) or self.clock()  # (an evicted pod may say no finish)
+        elif deleted:
             end = self.clock()
         if end is not None and await asyncio.to_thread(self.ledger.closed, uid, end):
             return
