@@ -37,6 +37,7 @@ from tuner.db.models import GpuHolding
 from tuner.pool_sources.kubernetes import KubernetesPoolSource
 from tuner.spec import Resources
 
+WEB = Path(__file__).resolve().parent.parent / "tuner" / "web"
 WAIT = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
 
 
@@ -117,7 +118,7 @@ async def test_the_cluster_pool_shows_holders_flavors_the_queue_and_gpu_hours(
     async def settled() -> dict[str, Any] | None:
         view = await pool.pool()
         ready = view["held"] == 2 and view["queue"] and view["flavors"] and view["flavors"][
-            0]["used"] == 2 and "1st in queue" in view["queue"][0]["reason"]
+            0]["used"] == 2 and "1st in queue (couldn't" in view["queue"][0]["reason"]
         return view if ready else None
     view = await eventually(settled, 30, "two GPUs held, one trial queued, the flavor full")
 
@@ -168,6 +169,17 @@ async def test_the_cluster_pool_shows_holders_flavors_the_queue_and_gpu_hours(
     assert usage["mode"] == "kubernetes" and usage["since_iso"]
     (data / "gate-1").write_text("")
     (data / "gate-2").write_text("")
+
+    # The sweeps page's GPU pool section, in Chromium, given these very answers: the same
+    # holders, the flavor's row and the queue.
+    page = await pool_page(view, usage)
+    assert [r.split("\t") for r in page["#pool-flavors"]] == [
+        ["a100", "nvidia.com/gpu", "2", "2", "0", "0"]], page
+    assert sorted(r.split("\t")[:4] for r in page["#pool-gpus"]) == [
+        ["1 x a100 on gpu-a100-0", "held", "alice", "sweep 3 trial 1 attempt 1"],
+        ["1 x a100 on gpu-a100-0", "held", "bob", "notebook of bob"]], page
+    assert [r.split("\t") for r in page["#pool-queue"]] == [
+        ["1", "alice", "sweep 3 trial 2 attempt 1", "2", "normal", waiting["reason"]]], page
 
     # Everything was read under the chart's Role, and its ClusterRole's one ClusterQueue.
     used = kube_env.exercised(TUNER_ACCOUNT)
@@ -220,6 +232,42 @@ def test_a_person_reads_the_cluster_pool_and_cannot_change_it(
         assert httpx.get(f"{hub.api}pool", timeout=30).status_code == 401
         assert kube_env.get("pods", "jupyter-ann") is not None  # nothing changed
 
+
+
+async def pool_page(pool: dict[str, Any], usage: dict[str, Any]) -> dict[str, list[str]]:
+    """The rows of the sweeps page's GPU pool tables (``#pool-gpus``, ``#pool-flavors``,
+    ``#pool-queue``) as Chromium renders them from ``pool`` and ``usage``: the page's own
+    files, its API answered by these (every other API read an empty list)."""
+    from playwright.async_api import Route, async_playwright
+
+    from tests.test_hub_browser import CHROMIUM, CHROMIUM_ARGS
+
+    base = "http://tunehub.test/services/tuner/"
+    answers = {"api/v1/pool": pool, "api/v1/usage": usage}
+
+    async def serve(route: Route) -> None:
+        path = route.request.url.removeprefix(base).split("?")[0]
+        if path == "":
+            page = (WEB / "index.html").read_text().replace("{{xsrf_token}}", "x")
+            await route.fulfill(body=page, content_type="text/html")
+        elif path.startswith("static/") and (WEB / path.removeprefix("static/")).is_file():
+            await route.fulfill(path=WEB / path.removeprefix("static/"))
+        elif path.startswith("api/v1/"):
+            await route.fulfill(json=answers.get(path, []))
+        else:
+            await route.fulfill(status=404, body="")
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            await page.route(f"{base}**", serve)
+            await page.goto(base)
+            await page.locator("#pool-flavors tbody tr").first.wait_for(timeout=20_000)
+            return {table: await page.locator(f"{table} tbody tr").all_inner_texts()
+                    for table in ("#pool-gpus", "#pool-flavors", "#pool-queue")}
+        finally:
+            await browser.close()
 
 
 def delete_pod(kube: KubeCluster, name: str) -> None:
