@@ -88,6 +88,10 @@ class Holder:
                 f"notebook of {self.person}"
         return f"sweep {self.sweep_id} trial {self.trial} attempt {self.attempt}"
 
+    def view(self) -> dict[str, Any]:
+        """The holder as the pool view shows it (in both modes): its fields and ``what``."""
+        return {**asdict(self), "what": self.what, "groups": list(self.groups)}
+
 
 @dataclass(frozen=True)
 class Holding:
@@ -298,8 +302,7 @@ class HolderBook:
                     row["state"] = "held"
                     holding = self._record(gpu, dir_fd)
                     if holding is not None:
-                        row["holder"] = {**asdict(holding.holder), "what": holding.holder.what,
-                                         "groups": list(holding.holder.groups)}
+                        row["holder"] = holding.holder.view()
                         row["since"] = holding.since
                         row["holding"] = holding.id
                         row["use"] = holding.use

@@ -18,7 +18,6 @@ Nothing here decides anything: Kueue does (see README, "The GPU pool on Kubernet
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -119,11 +118,6 @@ def job_owners(jobs: list[dict[str, Any]]) -> dict[str, str]:
         m.OWNER_ANNOTATION, "")) for j in jobs}
 
 
-def holder_json(holder: Holder) -> dict[str, Any]:
-    """A holder as the pool view shows it on one machine (:mod:`tunehub_base.gpu_holders`)."""
-    return {**asdict(holder), "what": holder.what, "groups": list(holder.groups)}
-
-
 def workload_flavors(workloads: list[dict[str, Any]], resource: str) -> dict[str, str]:
     """The ResourceFlavor Kueue admitted each workload's GPUs in, by its owner's name (a Job,
     or a notebook's pod)."""
@@ -165,7 +159,7 @@ def holding(pod: dict[str, Any], holder: Holder | None, flavor: str, resource: s
     return {"gpu": f"{count} x {flavor or 'GPU'} on {spec.get('nodeName')}", "state": "held",
             "gpus": count, "flavor": flavor or None, "node": spec.get("nodeName"),
             "pod": meta.get("name"), "uid": meta.get("uid"),
-            "holder": None if holder is None else holder_json(holder),
+            "holder": None if holder is None else holder.view(),
             "since": since, "utilization": None, "memory_used_bytes": None,
             "memory_total_bytes": None, "pids": [],
             "measure_absent": "not read by the pool view on Kubernetes (it shows what Kueue "
