@@ -14,10 +14,14 @@ import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuner.lifecycle.states import EventKind
 from tuner.snapshot import CODE_SNAPSHOT_LIMIT, CodeSource, copy_snapshot
 from tuner.spec import Resources, SweepSpec
+
+if TYPE_CHECKING:
+    from tuner.serving.measuring import Measurer
 
 # What a trial process on this machine must not inherit from the process that starts it (the
 # tuner service or the CLI): the hub's token of the service and its settings (JUPYTERHUB_*,
@@ -144,6 +148,17 @@ class Backend(abc.ABC):
     def can_launch(self, resources: Resources) -> bool:
         """Whether an attempt with ``resources`` could start right now (free GPUs)."""
         return True
+
+    def measurer(self) -> Measurer:
+        """Where this backend's candidate models are measured for their serving cost
+        (:mod:`tuner.serving.measuring`): on this machine, as the owner's trials start (their
+        Unix user where the backend has people's Unix users, ``unix``)."""
+        from tuner.serving.cost import ModelProcess
+        from tuner.serving.measuring import LocalMeasurer
+
+        unix = getattr(self, "unix", None)
+        return LocalMeasurer(lambda owner: ModelProcess.of_owner(
+            unix.require(owner) if unix is not None else None))
 
     async def start(self) -> None:
         """Connect, start watches. Called once before the first launch."""

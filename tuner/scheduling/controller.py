@@ -69,7 +69,7 @@ from tuner.scheduling.report_writer import ReportRow
 from tuner.scheduling.trial_env import AttemptIdentity, new_token, token_matches, trial_env
 from tuner.scheduling.workdirs import log_tail, prepare_workdir, write_attempt_header
 from tuner.search.mirror import MirroredTrial, StudyMirror, load_mirror
-from tuner.serving.cost import ModelProcess
+from tuner.serving.measuring import Candidate
 from tuner.spec import SweepSpec
 from tuner.sweep_store import sweep_dir
 
@@ -700,14 +700,11 @@ class SweepController:
         if state != TrialState.COMPLETED:
             return state, reason, figures or None, None
         if self.spec.serving_figures() and rt.paths.has_model():
-            from tuner.serving.cost import CostError, measure_trial_model
+            from tuner.serving.cost import CostError
             from tuner.serving.intake import ModelRefused
 
-            settings = self.engine.settings
             try:
-                figures.update(measure_trial_model(
-                    rt.paths.artifact_dir / "model", settings.sweeps_dir,
-                    setting("TUNEHUB_MODEL_MAX_BYTES").number(), self._model_process()))
+                figures.update(self.backend.measurer().measure(self._candidate(rt)))
             except (CostError, ModelRefused, OSError) as exc:
                 reason = f"serving cost not measured: {exc}"
         values = objective_values(self.spec, value, figures)
@@ -719,11 +716,17 @@ class SweepController:
             return TrialState.FAILED, f"{', '.join(missing)} missing: {why}", figures, None
         return state, reason, figures or None, values
 
-    def _model_process(self) -> ModelProcess:
-        """How a process that runs the owner's model (the serving-cost server) starts: as
-        their trials do (:meth:`ModelProcess.of_owner`)."""
-        unix = getattr(self.backend, "unix", None)
-        return ModelProcess.of_owner(unix.require(self.owner) if unix is not None else None)
+    def _candidate(self, rt: Running) -> Candidate:
+        """A finished trial's model as its backend's measurer takes it
+        (:mod:`tuner.serving.measuring`): a measuring pod gets the sweep's priority and its
+        trials' memory; a copy for it is staged in the tuner's home, not in the registry."""
+        settings = self.engine.settings
+        return Candidate(
+            sweep_id=self.sweep_id, trial_id=rt.trial_id, owner=self.owner,
+            source=rt.paths.artifact_dir / "model", trusted=settings.sweeps_dir,
+            max_bytes=int(setting("TUNEHUB_MODEL_MAX_BYTES").number()),
+            staging=settings.home / "serving-cost", priority=self.spec.priority,
+            memory=self.spec.resources.memory)
 
     # --- the end -------------------------------------------------------------------------
 

@@ -331,12 +331,12 @@ class Kube:
         finally:
             await w.close()
 
-    async def pod_log(self, name: str) -> str | None:
+    async def pod_log(self, name: str, limit: int = POD_LOG_BYTES) -> str | None:
         """The pod's output through the API server (``pods/log``), never through a file: the
-        first :data:`POD_LOG_BYTES` of it."""
+        first ``limit`` bytes of it."""
         try:
             return str(await self.core.read_namespaced_pod_log(
-                name, self.ns, limit_bytes=POD_LOG_BYTES))
+                name, self.ns, limit_bytes=limit))
         except ApiException:
             return None
 

@@ -40,6 +40,7 @@ from tuner.backends.kubernetes.api import (
 )
 from tuner.backends.kubernetes.checks import check_spec
 from tuner.backends.kubernetes.job_pods import JOB_NAME_LABEL, first_failure, job_pods, save_log
+from tuner.backends.kubernetes.measuring import JobWaiters, KubernetesMeasurer
 from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.backends.kubernetes.status import job_outcome, job_started, pod_failure, pod_problem
 from tuner.backends.kubernetes.watch import Listed, Watch
@@ -99,6 +100,10 @@ class KubernetesBackend(Backend):
         #: The namespace's Kueue Workloads by the name of their Job, as last watched: an
         #: attempt adopted after a restart finds what Kueue said of it meanwhile.
         self._workloads: dict[str, dict[str, Any]] = {}
+        #: Measuring Jobs (serving cost) awaited through the Job watch (:mod:`.measuring`).
+        self.waiters = JobWaiters()
+        #: The event loop of the watches, where a measurement's calls are made.
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_env(cls) -> KubernetesBackend:
@@ -110,6 +115,11 @@ class KubernetesBackend(Backend):
     def check(self, spec: SweepSpec) -> None:
         """Refuse what can never run, at submission (see :func:`.checks.check_spec`)."""
         check_spec(self.settings, spec)
+
+    def measurer(self) -> KubernetesMeasurer:
+        """Candidates are measured in measuring pods (:mod:`.measuring`): the tuner's own
+        pod, which holds a ServiceAccount token, runs no model."""
+        return KubernetesMeasurer(self)
 
     # --- capacity ------------------------------------------------------------------------
 
@@ -138,6 +148,7 @@ class KubernetesBackend(Backend):
         if self.kube is not None:
             return
         self.kube = Kube(await connect(self.settings), self.settings.namespace)
+        self.loop = asyncio.get_running_loop()
         mine = m.selector(self.settings)
         watches = [
             Watch(self.kube, "jobs", (mine, None), self._on_job, self._known_jobs),
@@ -326,6 +337,8 @@ class KubernetesBackend(Backend):
         return vanished
 
     async def _on_job(self, job: dict[str, Any], deleted: bool = False) -> None:
+        if self.waiters.on_job(job, deleted):
+            return  # a measuring Job (serving cost)
         att = self._attempts.get(job["metadata"]["name"])
         if att is None or att.done:
             return
@@ -470,6 +483,8 @@ class KubernetesBackend(Backend):
             await self._emit(att.launch, EventKind.WAITING, reason)
 
     async def _on_pod(self, pod: dict[str, Any], deleted: bool = False) -> None:
+        if self.waiters.on_pod(pod):
+            return  # a measuring pod (serving cost)
         labels = pod["metadata"].get("labels") or {}
         job = labels.get(JOB_NAME_LABEL) or labels.get("job-name")
         att = self._attempts.get(job or "")

@@ -69,17 +69,36 @@ def secret_name(job: str) -> str:
     return f"{job}-token"
 
 
-def labels(settings: KubeSettings, launch: TrialLaunch) -> dict[str, str]:
-    """The recommended ``app.kubernetes.io/*`` labels plus what finds the attempt again."""
+def component_labels(settings: KubeSettings, component: str, sweep_id: int,
+                     trial_id: int) -> dict[str, str]:
+    """The recommended ``app.kubernetes.io/*`` labels of this release's ``component``
+    (``trial``, ``serving-cost``) of one trial: every list, watch and cleanup of the backend
+    finds it (:func:`selector`, :data:`SWEEP_LABEL`)."""
     return {
         "app.kubernetes.io/name": "tunehub",
         INSTANCE_LABEL: settings.instance,
-        "app.kubernetes.io/component": "trial",
+        "app.kubernetes.io/component": component,
         "app.kubernetes.io/part-of": "tunehub",
         "app.kubernetes.io/managed-by": MANAGED_BY,
-        SWEEP_LABEL: str(launch.sweep_id),
-        TRIAL_LABEL: str(launch.trial_id),
-        ATTEMPT_LABEL: str(launch.attempt),
+        SWEEP_LABEL: str(sweep_id),
+        TRIAL_LABEL: str(trial_id),
+    }
+
+
+def labels(settings: KubeSettings, launch: TrialLaunch) -> dict[str, str]:
+    """The recommended ``app.kubernetes.io/*`` labels plus what finds the attempt again."""
+    return {**component_labels(settings, "trial", launch.sweep_id, launch.trial_id),
+            ATTEMPT_LABEL: str(launch.attempt)}
+
+
+def restricted_container() -> dict[str, Any]:
+    """A container's ``securityContext`` under the restricted Pod Security level: no
+    privilege escalation, no capability, not root, the runtime's seccomp profile."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
@@ -164,16 +183,22 @@ def data_mounts(settings: KubeSettings, launch: TrialLaunch) -> list[dict[str, A
     return mounts
 
 
+def queue_labels(settings: KubeSettings, priority: str) -> dict[str, str]:
+    """A Job's Kueue labels (its LocalQueue, its WorkloadPriorityClass), none without Kueue."""
+    if not settings.queue:
+        return {}
+    out = {QUEUE_LABEL: settings.queue}
+    workload_class = settings.workload_priority_classes.get(priority)
+    if workload_class:
+        out[PRIORITY_LABEL] = workload_class  # Kueue orders and preempts by it
+    return out
+
+
 def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
     """The Job of one attempt. ``backoffLimit: 0``: retries belong to the controller."""
     name = job_name(settings, launch.sweep_id, launch.trial_id, launch.attempt)
     res = launch.resources
-    meta_labels = labels(settings, launch)
-    if settings.queue:
-        meta_labels[QUEUE_LABEL] = settings.queue
-        workload_class = settings.workload_priority_classes.get(launch.priority)
-        if workload_class:
-            meta_labels[PRIORITY_LABEL] = workload_class  # Kueue orders and preempts by it
+    meta_labels = {**labels(settings, launch), **queue_labels(settings, launch.priority)}
     pod_labels = {**meta_labels, **settings.pod_labels}
     pod_labels.pop(QUEUE_LABEL, None)  # the Job is the workload, not its pods
     pod_labels.pop(PRIORITY_LABEL, None)
@@ -219,12 +244,7 @@ def job(settings: KubeSettings, launch: TrialLaunch) -> dict[str, Any]:
             "requests": requests,
             "limits": limits,
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_container(),
         "volumeMounts": data_mounts(settings, launch),
     }
     if res.workers > 1:
@@ -344,6 +364,15 @@ def island_policy(
     admits no ingress to trials, so nobody else reaches the attempt. Owned by the Job: it
     goes with it. Its pods are selected by the Job's name (the label the Job controller
     puts on them) and this release."""
+    return job_policy(settings, owner, labels(settings, launch), among_themselves=True)
+
+
+def job_policy(settings: KubeSettings, owner: dict[str, Any], policy_labels: dict[str, str],
+               among_themselves: bool) -> dict[str, Any]:
+    """A NetworkPolicy over the pods of Job ``owner`` (selected by the Job's name and this
+    release), owned by the Job, both directions governed: with ``among_themselves`` its pods
+    admit and open connections only among themselves (a trial's island), without it none at
+    all (a measuring pod)."""
     name = owner["metadata"]["name"]
     pods = {"matchLabels": {"batch.kubernetes.io/job-name": name,
                             INSTANCE_LABEL: settings.instance}}
@@ -352,14 +381,14 @@ def island_policy(
         "kind": "NetworkPolicy",
         "metadata": {
             "name": name,
-            "labels": labels(settings, launch),
+            "labels": policy_labels,
             "ownerReferences": [owner_reference(owner)],
         },
         "spec": {
             "podSelector": pods,
             "policyTypes": ["Ingress", "Egress"],
-            "ingress": [{"from": [{"podSelector": pods}]}],
-            "egress": [{"to": [{"podSelector": pods}]}],
+            "ingress": [{"from": [{"podSelector": pods}]}] if among_themselves else [],
+            "egress": [{"to": [{"podSelector": pods}]}] if among_themselves else [],
         },
     }
 

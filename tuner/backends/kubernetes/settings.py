@@ -59,6 +59,13 @@ cluster, set them yourself and point ``KUBECONFIG`` at a cluster.
 ``TUNEHUB_K8S_EPHEMERAL_STORAGE``    ephemeral-storage request and limit of a trial pod, so
                                      one trial filling the node's disk is evicted alone
                                      (default: none; a Kueue ClusterQueue must cover it)
+``TUNEHUB_K8S_MEASURE_CPU``          CPU request and limit of a measuring pod (serving
+                                     cost, :mod:`.measuring`; default ``2``: the server
+                                     pinned to one, the timing client on the other)
+``TUNEHUB_K8S_MEASURE_MEMORY``       its memory (default: the sweep's
+                                     ``resources.memory``, what the model was trained in)
+``TUNEHUB_K8S_MEASURE_TIMEOUT``      its ``activeDeadlineSeconds`` (``10m``; the tuner gives
+                                     up on it 2 minutes after that)
 ==================================== =====================================================
 """
 
@@ -119,6 +126,10 @@ class KubeSettings:
     unschedulable_timeout: float | None = None
     instance: str = "tunehub"
     ephemeral_storage: str = ""
+    measure_cpu: str = "2"
+    #: Empty: the sweep's ``resources.memory``.
+    measure_memory: str = ""
+    measure_timeout: float = 600.0
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -170,6 +181,10 @@ class KubeSettings:
                 if env.get("TUNEHUB_K8S_UNSCHEDULABLE_TIMEOUT", "") != "" else None),
             instance=env.get("TUNEHUB_K8S_INSTANCE") or cls.instance,
             ephemeral_storage=env.get("TUNEHUB_K8S_EPHEMERAL_STORAGE") or cls.ephemeral_storage,
+            measure_cpu=env.get("TUNEHUB_K8S_MEASURE_CPU") or cls.measure_cpu,
+            measure_memory=env.get("TUNEHUB_K8S_MEASURE_MEMORY") or cls.measure_memory,
+            measure_timeout=parse_duration(env.get("TUNEHUB_K8S_MEASURE_TIMEOUT") or "10m",
+                                           "TUNEHUB_K8S_MEASURE_TIMEOUT") or cls.measure_timeout,
             kubeconfig=kubeconfig,
             context=context,
         )
