@@ -8,6 +8,7 @@ tuner service a person with the read scope sees it and cannot change it."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,8 +20,10 @@ import pytest
 from kubesim import KubeCluster
 from kubesim.waiting import eventually
 from tests.chart_security import TUNER_ACCOUNT, chart_rbac, tuner_kubeconfig
+from tests.nvml_standin import GiB, StandIn
 from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
+from tests.test_gpu_usage import nvml_library, standin  # noqa: F401  (fixtures)
 from tests.test_kubernetes_backend import (  # noqa: F401  (fixture kube_env)
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
@@ -28,6 +31,7 @@ from tests.test_kubernetes_backend import (  # noqa: F401  (fixture kube_env)
     kube_launch,
 )
 from tests.test_kubernetes_kueue import kueue_pool
+from tests.test_pool_metrics import _metric
 from tunehub_base.scopes import READ
 from tuner.backends.kubernetes import KubernetesBackend, KubeSettings
 from tuner.backends.kubernetes import manifests as m
@@ -232,6 +236,84 @@ def test_a_person_reads_the_cluster_pool_and_cannot_change_it(
         assert httpx.get(f"{hub.api}pool", timeout=30).status_code == 401
         assert kube_env.get("pods", "jupyter-ann") is not None  # nothing changed
 
+
+
+MEASURED = """
+import os, time, tuner
+p = tuner.params()
+while not os.path.exists(os.environ["GATE"]):
+    time.sleep(0.05)
+tuner.report(p["x"])
+"""
+
+
+def test_a_trial_pods_readings_show_in_the_pool_usage_and_metrics(
+        kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,  # noqa: F811
+        standin: StandIn) -> None:  # noqa: F811
+    """Issue 26 on a cluster: a GPU trial pod reads its GPU (the NVML stand-in, at 80 %) and
+    reports to the tuner service; GET pool shows its utilisation and memory on the trial's
+    row, GET usage its used GPU-hours beside the allocated ones, and the scrape (with the
+    hub's metrics scope) the pool's gauges under the names one machine exports, and the
+    flavor's quota and use."""
+    team_queue(kube_env, monkeypatch)
+    standin.set({"util": 80, "mem_used": 4 * GiB, "mem_total": 16 * GiB})
+    data = kube_env.data_dir
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith("TUNEHUB_K8S_") or k in ("KUBECONFIG", "TUNEHUB_DATA",
+                                                     "TUNEHUB_HOME")}
+    env.update(TUNEHUB_BACKENDS="kubernetes", TUNEHUB_GPU_SAMPLE_SECONDS="0.5")
+    code = data / "users" / "alice" / "measured"
+    code.mkdir(parents=True)
+    (code / "train.py").write_text(MEASURED)
+    gate = data / "measured-gate"
+    spec = {"name": "measured", "code": str(code), "command": "python train.py",
+            "metric": "score", "trials": 1, "parallelism": 1, "pruner": "none",
+            "space": {"x": {"type": "float", "low": 0, "high": 1}},
+            "resources": {"gpu": 1, "gpu_type": "a100", "memory": "1Gi"},
+            # The pod loads the NVML stand-in, and this checkout's tuner (its GPU reporter).
+            "env": {**standin.env, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                    "GATE": str(gate)}}
+    with running_tuner_hub(tmp_path, f"sqlite:///{tmp_path / 'tuner.sqlite'}", env) as hub:
+        alice = hub.client(hub.token("alice", [READ, "custom:tuner:submit",
+                                               "access:services!service=tuner"]))
+        r = alice.post("sweeps", json={"spec": spec})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+
+        def measured() -> dict[str, Any] | None:
+            rows = [g for g in alice.get("pool").json()["gpus"]
+                    if (g["holder"] or {}).get("sweep_id") == sid]
+            return rows[0] if rows and rows[0]["utilization"] is not None else None
+        row = wait_for(measured, timeout=20, what="the trial pod's reading in the pool")
+        assert row["utilization"] == pytest.approx(0.8) and row["measure_absent"] is None
+        assert row["memory_used_bytes"] == 4 * GiB and row["memory_total_bytes"] == 16 * GiB
+        assert row["use"]["ever_busy"] and not row["use"]["unused"] and row["measured_at"]
+
+        def used() -> dict[str, Any] | None:
+            usage = alice.get("usage", params={"since": "2026-01-01"}).json()
+            return usage if usage["used"]["sweep"].get(str(sid), 0) > 0 else None
+        usage = wait_for(used, timeout=20, what="used GPU-hours of the trial pod")
+        assert usage["mode"] == "kubernetes" and usage["used_gpu_hours"] > 0
+        assert 0 < usage["used"]["person"]["alice"] <= 0.8 * usage["person"]["alice"]
+
+        metrics = f"{hub.url}services/tuner/metrics"
+        assert httpx.get(metrics, timeout=30).status_code == 401  # the scope, or nothing
+        scrape = httpx.get(metrics, timeout=30,  # the admin's token carries read:metrics
+                           headers={"Authorization": f"token {hub.admin_token}"})
+        assert scrape.status_code == 200, scrape.text
+        page = scrape.text
+        assert _metric(page, "tunehub_gpu_held", gpu="a100", kind="trial") == 1.0, page
+        assert _metric(page, "tunehub_gpu_held", gpu="a100", kind="notebook") == 0.0
+        assert _metric(page, "tunehub_gpu_person_held_gpus", person="alice") == 1.0
+        assert _metric(page, "tunehub_gpu_flavor_quota_gpus", flavor="a100") == 2.0
+        assert _metric(page, "tunehub_gpu_flavor_used_gpus", flavor="a100") == 1.0
+        assert _metric(page, "tunehub_gpu_queue_length", kind="trial") == 0.0
+        assert _metric(page, "tunehub_gpu_utilization_ratio", gpu=f"{row['pod']}/0") == 0.8
+        assert (_metric(page, "tunehub_gpu_allocated_seconds_total", person="alice",
+                        kind="trial") or 0) > 0
+        assert (_metric(page, "tunehub_gpu_used_seconds_total", person="alice",
+                        kind="trial") or 0) > 0
+        gate.write_text("")
 
 
 async def pool_page(pool: dict[str, Any], usage: dict[str, Any]) -> dict[str, list[str]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import tornado.web
@@ -56,14 +56,7 @@ class GpuPoolCollector:
         self.book = HolderBook(lock_dir)
 
     def collect(self) -> Iterator[Metric]:
-        held = GaugeMetricFamily("tunehub_gpu_held", "Whether a GPU is held, by kind of holder",
-                                 labels=["gpu", "kind"])
-        allocated = CounterMetricFamily(
-            "tunehub_gpu_allocated_seconds", "GPU-seconds allocated, by person and kind",
-            labels=["person", "kind"])
-        used = CounterMetricFamily(
-            "tunehub_gpu_used_seconds", "GPU-seconds used (utilisation-weighted, as measured), "
-            "by person and kind", labels=["person", "kind"])
+        held = held_family()
         seconds: defaultdict[tuple[str, str], float] = defaultdict(float)
         used_seconds: defaultdict[tuple[str, str], float] = defaultdict(float)
         ids = discover_gpus()[0]
@@ -83,13 +76,33 @@ class GpuPoolCollector:
                 used_seconds[who] += _used(span.get("use"))
         except OSError:
             return  # no pool to read: nothing to say
-        for (person, kind), value in sorted(seconds.items()):
-            allocated.add_metric([person, kind], max(0.0, value))
-            used.add_metric([person, kind], used_seconds[(person, kind)])
         yield held
-        yield allocated
-        yield used
-        yield from _doing(ids)
+        yield from gpu_seconds(seconds, used_seconds)
+        yield from doing((gpu, r.utilization, r.memory_used_bytes)
+                         for gpu, r in sorted(sample(ids).items()))
+
+
+def held_family() -> GaugeMetricFamily:
+    """``tunehub_gpu_held{gpu, kind}``: GPUs held, by kind of holder (one machine: each GPU
+    0 or 1; Kubernetes: each flavor, how many)."""
+    return GaugeMetricFamily("tunehub_gpu_held", "Whether a GPU is held, by kind of holder "
+                             "(on Kubernetes: GPUs held per flavor)", labels=["gpu", "kind"])
+
+
+def gpu_seconds(seconds: Mapping[tuple[str, str], float],
+                used_seconds: Mapping[tuple[str, str], float]) -> Iterator[Metric]:
+    """GPU-seconds allocated and used, by (person, kind): one shape for both modes."""
+    allocated = CounterMetricFamily(
+        "tunehub_gpu_allocated_seconds", "GPU-seconds allocated, by person and kind",
+        labels=["person", "kind"])
+    used = CounterMetricFamily(
+        "tunehub_gpu_used_seconds", "GPU-seconds used (utilisation-weighted, as measured), "
+        "by person and kind", labels=["person", "kind"])
+    for (person, kind), value in sorted(seconds.items()):
+        allocated.add_metric([person, kind], max(0.0, value))
+        used.add_metric([person, kind], used_seconds.get((person, kind), 0.0))
+    yield allocated
+    yield used
 
 
 def _used(use: object) -> float:
@@ -99,18 +112,19 @@ def _used(use: object) -> float:
         return 0.0
 
 
-def _doing(ids: list[str]) -> Iterator[Metric]:
-    """Each GPU's utilisation and memory in use now, from NVML (never raises)."""
+def doing(readings: Iterable[tuple[str, float | None, int | None]]) -> Iterator[Metric]:
+    """Each GPU's utilisation and memory in use now (``gpu``, utilisation, memory used; a
+    figure that is None is left out): from NVML here, from a pod's readings on Kubernetes."""
     ratio = GaugeMetricFamily("tunehub_gpu_utilization_ratio",
                               "GPU utilisation over NVML's last sample period, 0..1",
                               labels=["gpu"])
     memory = GaugeMetricFamily("tunehub_gpu_memory_used_bytes", "GPU memory in use",
                                labels=["gpu"])
-    for gpu, reading in sorted(sample(ids).items()):
-        if reading.utilization is not None:
-            ratio.add_metric([gpu], reading.utilization)
-        if reading.memory_used_bytes is not None:
-            memory.add_metric([gpu], float(reading.memory_used_bytes))
+    for gpu, utilization, memory_used in readings:
+        if utilization is not None:
+            ratio.add_metric([gpu], utilization)
+        if memory_used is not None:
+            memory.add_metric([gpu], float(memory_used))
     yield ratio
     yield memory
 

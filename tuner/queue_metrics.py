@@ -57,37 +57,50 @@ class GpuQueueCollector:
         view = self._view
         if view is None:
             return
-        length = GaugeMetricFamily("tunehub_gpu_queue_length",
-                                   "Requests waiting for a GPU, by kind", labels=["kind"])
-        gpus = GaugeMetricFamily("tunehub_gpu_queue_gpus",
-                                 "GPUs asked for by the requests waiting, by kind",
-                                 labels=["kind"])
-        oldest = GaugeMetricFamily("tunehub_gpu_queue_oldest_wait_seconds",
-                                   "How long the longest-waiting request has waited, by kind "
-                                   "(0 when none waits)", labels=["kind"])
-        counts = dict.fromkeys(KINDS, 0)
-        asked = dict.fromkeys(KINDS, 0)
-        waited = dict.fromkeys(KINDS, 0.0)
-        for entry in view.get("queue", []):
-            kind = entry["kind"] if entry["kind"] in KINDS else "notebook"
-            counts[kind] += 1
-            asked[kind] += int(entry.get("gpus") or 0)
-            since = entry.get("since")
-            if since is not None:
-                waited[kind] = max(waited[kind], self._at - float(since))
-        for kind in KINDS:
-            length.add_metric([kind], counts[kind])
-            gpus.add_metric([kind], asked[kind])
-            oldest.add_metric([kind], max(0.0, waited[kind]))
-        yield length
-        yield gpus
-        yield oldest
+        yield from queue_families(view.get("queue", []), self._at)
         yield from _shares(view.get("shares", []))
 
 
+def queue_families(entries: list[dict[str, Any]], at: float) -> Iterator[Metric]:
+    """The queue's length, GPUs asked for and longest wait at ``at``, by kind: one shape for
+    the local queue and Kueue's pending Workloads (:mod:`tuner.pool_sources.kube_metrics`)."""
+    length = GaugeMetricFamily("tunehub_gpu_queue_length",
+                               "Requests waiting for a GPU, by kind", labels=["kind"])
+    gpus = GaugeMetricFamily("tunehub_gpu_queue_gpus",
+                             "GPUs asked for by the requests waiting, by kind",
+                             labels=["kind"])
+    oldest = GaugeMetricFamily("tunehub_gpu_queue_oldest_wait_seconds",
+                               "How long the longest-waiting request has waited, by kind "
+                               "(0 when none waits)", labels=["kind"])
+    counts = dict.fromkeys(KINDS, 0)
+    asked = dict.fromkeys(KINDS, 0)
+    waited = dict.fromkeys(KINDS, 0.0)
+    for entry in entries:
+        kind = entry["kind"] if entry["kind"] in KINDS else "notebook"
+        counts[kind] += 1
+        asked[kind] += int(entry.get("gpus") or 0)
+        since = entry.get("since")
+        if since is not None:
+            waited[kind] = max(waited[kind], at - float(since))
+    for kind in KINDS:
+        length.add_metric([kind], counts[kind])
+        gpus.add_metric([kind], asked[kind])
+        oldest.add_metric([kind], max(0.0, waited[kind]))
+    yield length
+    yield gpus
+    yield oldest
+
+
+def person_held(held: dict[str, float]) -> GaugeMetricFamily:
+    """``tunehub_gpu_person_held_gpus``: GPUs each person holds now."""
+    family = GaugeMetricFamily("tunehub_gpu_person_held_gpus", "GPUs a person holds now",
+                               labels=["person"])
+    for person, gpus in sorted(held.items()):
+        family.add_metric([person], gpus)
+    return family
+
+
 def _shares(rows: list[dict[str, Any]]) -> Iterator[Metric]:
-    held = GaugeMetricFamily("tunehub_gpu_person_held_gpus", "GPUs a person holds now",
-                             labels=["person"])
     fair = GaugeMetricFamily("tunehub_gpu_fair_share_gpus",
                              "GPUs a person's account is entitled to among those present now",
                              labels=["person"])
@@ -99,13 +112,12 @@ def _shares(rows: list[dict[str, Any]]) -> Iterator[Metric]:
     for row in rows:
         person = str(row["person"])
         fair_share = float(row.get("fair_share_gpus") or 0.0)
-        held.add_metric([person], float(row.get("held_gpus") or 0))
         fair.add_metric([person], fair_share)
         ratio.add_metric([person], float(row.get("held_gpus") or 0) / fair_share
                          if fair_share > 0 else 0.0)
         if row.get("max_gpus") is not None:
             cap.add_metric([person], float(row["max_gpus"]))
-    yield held
+    yield person_held({str(r["person"]): float(r.get("held_gpus") or 0) for r in rows})
     yield fair
     yield ratio
     yield cap

@@ -180,7 +180,8 @@ async def serve() -> None:
         from tuner.queue_metrics import watch_gpu_queue
         from tuner.scheduling.gpu_queue import GpuQueue
 
-        watch_gpu_pool(settings.gpu_locks_dir)
+        if names[0] != "kubernetes":  # the pool's metrics are the cluster's there
+            watch_gpu_pool(settings.gpu_locks_dir)
         notebook_gpus = NotebookGpuWatch(settings.gpu_locks_dir)  # notebooks' measured GPU use
         local = backends["local"]
         if isinstance(local, LocalBackend):
@@ -189,7 +190,8 @@ async def serve() -> None:
             hub_groups = HubGroups.from_environment()
             ctx.gpu_queue = GpuQueue(engine, local, settings.gpu_locks_dir,
                                      hub_groups=hub_groups)
-            ctx.queue_metrics = watch_gpu_queue(ctx.gpu_queue)
+            if names[0] != "kubernetes":
+                ctx.pool_metrics = watch_gpu_queue(ctx.gpu_queue)
             if hub_groups is not None:  # a team's quota counts its trials
                 queue = ctx.gpu_queue
                 reading_groups = asyncio.get_running_loop().create_task(
@@ -200,7 +202,11 @@ async def serve() -> None:
 
         cluster = backends["kubernetes"]
         if isinstance(cluster, KubernetesBackend):
-            ctx.pool_source = KubernetesPoolSource(cluster.settings, db)
+            from tuner.pool_sources.kube_metrics import watch_kube_pool
+
+            source = ctx.pool_source = KubernetesPoolSource(cluster.settings, db)
+            engine.gpu_use_sink = source.use_writer.measured  # trial pods' readings, kept
+            ctx.pool_metrics = watch_kube_pool(source)
     app = make_app(engine, prefix, ctx, cookie_secret(settings))
     server = await listen(app, host, port, tls_context())
     await engine.start()

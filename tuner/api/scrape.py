@@ -33,7 +33,7 @@ class MetricsRoute(JsonHandler):
                                "(Authorization: Bearer ...)")
         if scope not in (model.get("scopes") or []):
             raise Forbidden(f"this token lacks the scope {scope}")
-        if self.ctx.queue_metrics is not None:
-            await self.ctx.queue_metrics.refresh()  # the queue is read under its lock
+        if self.ctx.pool_metrics is not None:
+            await self.ctx.pool_metrics.refresh()  # the queue (or the cluster) read first
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         self.finish(generate_latest())

@@ -213,3 +213,10 @@ class GpuHolding(Base):
     start: Mapped[float] = mapped_column(Float)
     end: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
     stale: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: GPU-seconds used (utilisation-weighted, summed over the pod's GPUs) as the pod measured
+    #: them (:mod:`tuner.pool_sources.kube_use`); 0 until a reading arrives (notebook pods:
+    #: always, their readings go to the hub only).
+    used_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    #: The pod's measured use so far, shaped like a holder record's ``use`` on one machine,
+    #: with each GPU's latest reading under ``gpus``; null until measured.
+    use: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

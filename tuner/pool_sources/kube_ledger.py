@@ -11,13 +11,18 @@ Written by :mod:`.kube_recorder` from the pod watch: a row opened when a pod is 
 holding GPUs, closed when it finishes or goes. Each write is idempotent (the pod's uid is
 unique, a close touches only an open row), so several tuners watching write each holding
 once. Rows are plain calls here; the recorder runs them off the event loop.
+
+Each trial pod's measured use (:mod:`.kube_use`) is written into its row by the tuner that
+takes the pod's readings (:meth:`KubeHoldingLedger.measured`): the row is where every replica's
+pool view and GPU-hours read it, and a reading carries the attempt's whole sum so far, so the
+latest write is the truth and a lost one is mended by the next.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from tunehub_base.gpu_holders import Holder
@@ -53,6 +58,35 @@ class KubeHoldingLedger:
                 GpuHolding.pod_uid == uid, GpuHolding.end.is_(None)).values(end=end, stale=stale))
             return bool(getattr(result, "rowcount", 0))
 
+    def measured(self, sweep_id: int, trial: int, attempt: int, use: dict[str, Any]) -> bool:
+        """Keep a trial attempt's measured use so far in its pod's row; False when that row
+        is not recorded yet (the next reading writes it)."""
+        with self.db.session() as s:
+            result = s.execute(update(GpuHolding).where(
+                GpuHolding.kind == "trial", GpuHolding.sweep_id == sweep_id,
+                GpuHolding.trial == trial, GpuHolding.attempt == attempt).values(
+                used_seconds=float(use.get("used_seconds") or 0.0), use=use))
+            return bool(getattr(result, "rowcount", 0))
+
+    def uses(self, uids: list[str]) -> dict[str, dict[str, Any]]:
+        """The measured use of the pods ``uids`` that have one."""
+        if not uids:
+            return {}
+        with self.db.session() as s:
+            rows = s.execute(select(GpuHolding.pod_uid, GpuHolding.use).where(
+                GpuHolding.pod_uid.in_(uids), GpuHolding.use.is_not(None))).all()
+        return {uid: use for uid, use in rows if isinstance(use, dict)}
+
+    def totals(self, now: float) -> list[tuple[str, str, float, float]]:
+        """All time, per person and kind: GPU-seconds allocated (open holdings up to now)
+        and used as measured, for the metrics' counters."""
+        held = GpuHolding.gpus * (func.coalesce(GpuHolding.end, now) - GpuHolding.start)
+        with self.db.session() as s:
+            rows = s.execute(select(GpuHolding.person, GpuHolding.kind, func.sum(held),
+                                    func.sum(GpuHolding.used_seconds)).group_by(
+                GpuHolding.person, GpuHolding.kind)).all()
+        return [(str(p), str(k), max(0.0, float(a or 0)), float(u or 0)) for p, k, a, u in rows]
+
     def open_uids(self) -> set[str]:
         with self.db.session() as s:
             return set(s.scalars(select(GpuHolding.pod_uid).where(GpuHolding.end.is_(None))))
@@ -68,4 +102,4 @@ class KubeHoldingLedger:
                  "sweep_id": r.sweep_id, "trial": r.trial, "attempt": r.attempt,
                  "gpus": r.gpus, "flavor": r.flavor, "pod": r.pod, "start": r.start,
                  "end": now if r.end is None else r.end, "open": r.end is None,
-                 "stale": r.stale, "groups": []} for r in rows]
+                 "stale": r.stale, "use": r.use, "groups": []} for r in rows]

@@ -8,7 +8,9 @@
   name);
 - the queue: the namespace's pending GPU Workloads (``list workloads``) with their place from
   Kueue's visibility API (``get localqueues/pendingworkloads``) and Kueue's reason;
-- GPU-hours: the holdings :mod:`.kube_recorder` writes to the database.
+- GPU-hours: the holdings :mod:`.kube_recorder` writes to the database;
+- what each trial pod's GPUs do and the GPU-hours it used: its own readings, which the tuner
+  keeps in its holding's row (:mod:`.kube_use`).
 
 Each read that is refused or fails leaves its part empty with the reason in ``errors``,
 never a failed page: the pool is a view."""
@@ -30,6 +32,7 @@ from tuner.db import Database
 from tuner.pool_sources._base import PoolSource
 from tuner.pool_sources.kube_ledger import KubeHoldingLedger
 from tuner.pool_sources.kube_recorder import HoldingRecorder, release_pods
+from tuner.pool_sources.kube_use import PodUseWriter, row_figures
 from tuner.pool_view import iso
 
 log = logging.getLogger("tunehub.pool")
@@ -41,6 +44,8 @@ class KubernetesPoolSource(PoolSource):
     def __init__(self, settings: KubeSettings, db: Database) -> None:
         self.settings = settings
         self.ledger = KubeHoldingLedger(db)
+        #: Where the controllers' meters of trial pods go (:meth:`SweepHost.gpu_use_sink`).
+        self.use_writer = PodUseWriter(self.ledger)
         self.kube: Kube | None = None
         self.recorder: HoldingRecorder | None = None
         self._recording: asyncio.Task[None] | None = None
@@ -62,6 +67,7 @@ class KubernetesPoolSource(PoolSource):
         return self.kube
 
     async def close(self) -> None:
+        await self.use_writer.close()
         if self._recording is not None:
             self._recording.cancel()
             await asyncio.gather(self._recording, return_exceptions=True)
@@ -116,6 +122,11 @@ class KubernetesPoolSource(PoolSource):
             row["since_iso"] = iso(row["since"])
             row["held_seconds"] = max(0.0, now - row["since"])
             rows.append(row)
+        uses = await read("measured use", asyncio.to_thread(
+            self.ledger.uses, [r["uid"] for r in rows if r.get("uid")]), {})
+        for row in rows:
+            row.update(row_figures(uses.get(row.get("uid")),
+                                   (row.get("holder") or {}).get("kind"), now))
         rows.sort(key=lambda r: (r["node"] or "", r["since"]))
         flavor_rows = kp.flavor_rows(cluster_queue, resource) if cluster_queue else []
         priorities = {v: k for k, v in s.workload_priority_classes.items()}

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tunehub_base.gpu_meter import UseMeter
 from tunehub_base.gpu_usage import GpuReading
 from tunehub_base.settings import Settings
 from tuner.backends._base import Backend, TrialEvent
@@ -27,6 +29,9 @@ from tuner.scheduling.report_writer import ReportWriter
 
 if TYPE_CHECKING:
     from tuner.serving.registry import Registry
+
+#: Takes an attempt's GPU meters after a reading: (sweep id, trial id, attempt, meters).
+GpuUseSink = Callable[[int, int, int, Mapping[str, UseMeter]], None]
 
 
 class SweepHost:
@@ -67,6 +72,10 @@ class SweepHost:
         self.controllers: dict[int, SweepController] = {}
         #: The GPU pool's say over GPU trials' starts (the tuner service's queue sets it).
         self.pool_gate: PoolGate | None = None
+        #: Where a pod's measured GPU use goes after each reading (sweep, trial id as the
+        #: pod's labels carry it, attempt, its meters per GPU): on Kubernetes the pool's ledger
+        #: (:class:`tuner.pool_sources.kube_use.PodUseWriter`), so every replica shows it.
+        self.gpu_use_sink: GpuUseSink | None = None
         self._by_trial: dict[int, SweepController] = {}
         self._tasks: dict[int, asyncio.Task[SweepState]] = {}
 
@@ -166,7 +175,11 @@ class SweepHost:
         controller = self._by_trial.get(trial_id)
         if controller is None:
             raise NotFound(f"trial {trial_id} is not running")
-        return controller.gpu_use(trial_id, token, attempt, readings)
+        answer = controller.gpu_use(trial_id, token, attempt, readings)
+        rt = controller.running.current(trial_id, attempt)
+        if self.gpu_use_sink is not None and rt is not None:
+            self.gpu_use_sink(controller.sweep_id, trial_id, rt.attempt, rt.gpu_meters)
+        return answer
 
     def admits(self, owner: str, workers: int) -> bool:
         """Whether ``owner`` may start one more attempt of ``workers`` workers now. Their use

@@ -151,7 +151,9 @@ def gpu_type(pod: dict[str, Any], settings: KubeSettings) -> str:
 def holding(pod: dict[str, Any], holder: Holder | None, flavor: str, resource: str,
             now: float) -> dict[str, Any]:
     """One pod holding GPUs, as a row of the pool view: ``gpu`` says what is held where
-    (``2 x a100 on gpu-a100-0``), ``since`` when the pod started (``status.startTime``)."""
+    (``2 x a100 on gpu-a100-0``), ``since`` when the pod started (``status.startTime``).
+    What its GPUs do is added by the pool source, from the pod's own readings
+    (:func:`tuner.pool_sources.kube_use.row_figures`)."""
     meta, spec = pod["metadata"], pod.get("spec") or {}
     since = timestamp((pod.get("status") or {}).get("startTime")) or timestamp(
         meta.get("creationTimestamp")) or now
@@ -160,10 +162,7 @@ def holding(pod: dict[str, Any], holder: Holder | None, flavor: str, resource: s
             "gpus": count, "flavor": flavor or None, "node": spec.get("nodeName"),
             "pod": meta.get("name"), "uid": meta.get("uid"),
             "holder": None if holder is None else holder.view(),
-            "since": since, "utilization": None, "memory_used_bytes": None,
-            "memory_total_bytes": None, "pids": [],
-            "measure_absent": "not read by the pool view on Kubernetes (it shows what Kueue "
-                              "and the scheduler allocated)"}
+            "since": since}
 
 
 def flavor_rows(cluster_queue: dict[str, Any], resource: str) -> list[dict[str, Any]]:
