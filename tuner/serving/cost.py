@@ -22,7 +22,8 @@ started like a trial, never like a part of the platform: with the environment a 
 platform's variables left out, or the owner's reduced one where people have Unix users) and as
 the model's owner where there is one. A process that holds a Kubernetes ServiceAccount token
 (the tuner in its pod) does not run a model at all: the graph could read the token beside it.
-Its trials' figures are then absent, with that reason.
+On Kubernetes this measurement runs instead in a measuring pod that has none
+(:mod:`tuner.backends.kubernetes.measuring`, :mod:`tuner.serving.cost_report`).
 
 Measurements in one process run one at a time (a lock), so two trials finishing together do
 not share the pinned CPU. The CPU is not reserved from other work on the machine: on a busy
