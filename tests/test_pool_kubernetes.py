@@ -419,3 +419,31 @@ def unqueued(pod: dict[str, Any]) -> dict[str, Any]:
     for label in (m.QUEUE_LABEL, m.PRIORITY_LABEL):
         pod["metadata"]["labels"].pop(label)
     return pod
+
+
+def test_a_pods_row_says_why_it_shows_no_figures() -> None:
+    """A notebook pod (readings go to the hub only), a trial pod not measured yet, one whose
+    readings stopped, one without NVML: null figures and the reason; a fresh reading of two
+    GPUs: their mean utilisation and summed memory."""
+    from tunehub_base.gpu_meter import UseMeter, UsePolicy
+    from tunehub_base.gpu_usage import GpuReading
+    from tuner.pool_sources.kube_use import NOT_MEASURED, NOTEBOOK, pod_use, row_figures
+
+    now, policy = 1000.0, UsePolicy()
+    assert row_figures(None, "notebook", now)["measure_absent"] == NOTEBOOK
+    assert row_figures(None, "trial", now)["measure_absent"] == NOT_MEASURED
+    meters = {g: UseMeter(g, since=now - 10) for g in ("0", "1")}
+    for gpu, util in (("0", 0.2), ("1", 0.6)):
+        meters[gpu].add(GpuReading(gpu, util, GiB, 8 * GiB, (7,)), now, policy)
+    use = pod_use(meters, policy)
+    assert use["used_seconds"] == pytest.approx(10 * 0.2 + 10 * 0.6)  # GPU-seconds, summed
+    shown = row_figures(use, "trial", now + 1)
+    assert shown["utilization"] == pytest.approx(0.4) and shown["measure_absent"] is None
+    assert shown["memory_used_bytes"] == 2 * GiB and shown["pids"] == [7]
+    old = row_figures(use, "trial", now + 3600)
+    assert old["utilization"] is None and "no reading from the pod for over" in old[
+        "measure_absent"]
+    lost = {"0": UseMeter("0", since=now)}
+    lost["0"].add(GpuReading("0", absent="no NVML library"), now, policy)
+    assert row_figures(pod_use(lost, policy), "trial", now)["measure_absent"] == (
+        "no NVML library")
