@@ -53,7 +53,9 @@ lint: $(STAMP)
 test: $(STAMP) browser image-tools acl nftables
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests kubesim/tests
+	# Two workers, each running whole test files (a file's module fixtures, such as the image
+	# build, stay in one process); the suite keeps no state between files.
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests kubesim/tests
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
