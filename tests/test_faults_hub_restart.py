@@ -12,6 +12,7 @@ killed (test_faults_tuner_killed.py).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -158,3 +159,73 @@ def _answers(url: str) -> bool:
         return httpx.get(f"{url}hub/api/", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+# --- the hub killed in the middle of a preemption (issue 25) ---------------------------------
+
+
+def test_hub_killed_mid_preemption_loses_nothing(platform: Platform) -> None:
+    """One GPU id under ``tunehub up``: the admin's checkpointing trial holds it, bob's GPU
+    notebook asks for it, and the trial, preempted, saves its checkpoint in its grace period;
+    then the hub is SIGKILLed (its child the tuner stops with it, and the trial with the
+    tuner). ``tunehub up`` starts the hub again: bob's interrupted spawn holds nothing (his
+    server is not running, nobody waits in the pool), and the trial comes back as the same
+    trial, not failed and no retry spent, and resumes from the checkpoint it saved."""
+    from tests.test_preemption import TRAIN
+
+    platform.env.update({"TUNEHUB_LOCAL_GPUS": "0", "TUNEHUB_PREEMPT_GRACE_SECONDS": "60"})
+    state = platform.home / "hub"
+    code = platform.data / "preempted"
+    code.mkdir(parents=True)
+    (code / "train.py").write_text(TRAIN)
+    platform.start()
+    assert platform.password, platform.output
+    hub = Hub(platform.url, login_token(platform.url, "admin", platform.password))
+    spec = {"name": "preempted", "code": str(code), "command": "python train.py",
+            "metric": "score", "direction": "maximize", "trials": 1, "parallelism": 1,
+            "max_retries": 0, "pruner": "none", "resources": {"gpu": 1},
+            "space": {"x": {"type": "float", "low": 0, "high": 1}}}
+    api = "services/tuner/api/v1/sweeps/" + str(
+        hub.call("POST", "services/tuner/api/v1/sweeps", 201, json={"spec": spec})["id"])
+
+    def trial() -> dict[str, Any]:
+        try:
+            trials = hub.call("GET", f"{api}/trials", 200)
+        except (AssertionError, httpx.HTTPError):  # the tuner is down, or not back yet
+            return {}
+        return trials[0] if trials else {}
+
+    wait_for(lambda: (trial().get("last_step") or 0) >= 2, timeout=240,
+             what="the trial to train and checkpoint two steps")
+    before = trial()
+    hub.call("POST", "hub/api/users/bob", 201)
+    hub.call("POST", "hub/api/users/bob/server", (201, 202), json={"profile": "gpu-1"})
+    wait_for(lambda: "SIGTERM: checkpoint saved" in hub.client.get(
+        f"{api}/trials/0/logs").text, timeout=120,
+        what="the preempted trial to save its checkpoint in its grace period")
+    saved_at = trial()["last_step"]
+    old_hub = hub_process(state)
+    assert old_hub is not None
+    os.kill(old_hub.pid, signal.SIGKILL)
+    wait_for(lambda: old_hub.alive() is False, timeout=90, what="the hub to end")
+
+    wait_for(lambda: (h := hub_process(state)) is not None and h != old_hub, timeout=240,
+             what="tunehub up to start the hub again")
+    wait_for(lambda: _answers(platform.url), timeout=240, what="the new hub to answer")
+    wait_for(platform._tuner_ready, timeout=240, what="the tuner back behind the new hub")
+    # Bob's spawn died with the hub that was making it: no server, nothing queued for him.
+    assert not hub.call("GET", "hub/api/users/bob", 200)["servers"].get("", {}).get("ready")
+
+    done = wait_for(lambda: (s := hub.call("GET", api, 200))["state"] in (
+        "completed", "failed") and s, timeout=300, what="the sweep to end")
+    assert done["state"] == "completed" and done["failed"] == 0, done
+    final = trial()
+    assert (final["number"], final["state"], final["params"]) == (
+        0, "completed", before["params"])
+    log = hub.client.get(f"{api}/trials/0/logs").text
+    record_line = json.loads(log.split("RECORD ", 1)[1].splitlines()[0])
+    assert record_line["resumed"] >= 1 and record_line["sigterm"] is True, record_line
+    # Continued from the checkpoint saved before the kill: two more steps, not a new start.
+    assert final["value"] == pytest.approx(saved_at + 2), (final, saved_at)
+    pool = hub.call("GET", "services/tuner/api/v1/pool", 200)
+    assert pool["queue"] == [], pool
