@@ -59,11 +59,12 @@ class Served:
     log: Path
 
     def predict(self, body: bytes | Iterator[bytes], client: httpx.Client | None = None,
-                ) -> httpx.Response:
+                timeout: float = 120) -> httpx.Response:
         headers = {"Content-Type": "application/json"}
         if client is not None:
             return client.post(f"{self.url}:predict", content=body, headers=headers)
-        return httpx.post(f"{self.url}:predict", content=body, headers=headers, timeout=120)
+        return httpx.post(f"{self.url}:predict", content=body, headers=headers,
+                          timeout=timeout)
 
 
 @pytest.fixture
@@ -151,12 +152,20 @@ def _slow_enough(served: Served, seconds: float = 12.0) -> float:
         n *= 4
 
 
-def _hold(served: Served, iterations: float) -> tuple[list[threading.Thread], list[int]]:
+def _hold(served: Served, iterations: float
+          ) -> tuple[list[threading.Thread], list[int | str]]:
     """``PER_CLIENT`` slow predictions from this client, running in threads."""
-    statuses: list[int] = []
+    statuses: list[int | str] = []
 
     def hold() -> None:
-        statuses.append(served.predict(b'{"instances": [%f]}' % iterations).status_code)
+        # As long as it takes: on a machine busier than at the calibration (the suite's other
+        # worker) a held prediction runs several times its calibrated seconds.
+        try:
+            r = served.predict(b'{"instances": [%f]}' % iterations, timeout=900)
+        except httpx.HTTPError as exc:
+            statuses.append(f"{type(exc).__name__}: {exc}")
+        else:
+            statuses.append(r.status_code)
 
     holders = [threading.Thread(target=hold) for _ in range(PER_CLIENT)]
     for t in holders:
@@ -182,7 +191,7 @@ def test_one_client_cannot_hold_every_prediction(served: Served) -> None:
             late = seen
             break
         for t in holders:
-            t.join(timeout=300)
+            t.join(timeout=900)
         iterations *= 4
     else:
         raise AssertionError("the holders always ended before their allowance was seen in flight")
@@ -196,7 +205,7 @@ def test_one_client_cannot_hold_every_prediction(served: Served) -> None:
         assert r.status_code == 200, r.text
     finally:
         for t in holders:
-            t.join(timeout=300)
+            t.join(timeout=900)
     assert statuses == [200] * PER_CLIENT
     # Their answers free the allowance.
     assert served.predict(b'{"instances": [1.0]}').status_code == 200
