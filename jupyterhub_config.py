@@ -86,6 +86,8 @@ if opts.mode == "kubernetes":
     local = kube_logins.uses_local_accounts(values)
     admins = [*(admins if local else []), *kube_logins.configured_admins(values)]
 scopes.configure(c, tuner_service.SERVICE_NAME, admins, opts.high_priority_group)
+# The tuner reads hub groups' members: a team's GPU quota (one machine), GPU-hours per group.
+c.JupyterHub.load_roles.append(scopes.tuner_service_role(tuner_service.SERVICE_NAME))
 
 # --- notebook servers ------------------------------------------------------------------------
 tuner_url = f"{scheme}://127.0.0.1:{opts.tuner_port}"
@@ -112,7 +114,6 @@ else:
     c.TunehubLocalSpawner.pool_queue_url = (
         f"{tuner_url}{tuner_service.sweeps_page_url()}api/v1/pool/requests")
     c.TunehubLocalSpawner.pool_queue_ca = str(internal.api_ca) if internal else ""
-    c.JupyterHub.load_roles.append(scopes.tuner_service_role(tuner_service.SERVICE_NAME))
 
 # --- services: the tuner, the idle culler ----------------------------------------------------
 if opts.mode == "kubernetes":

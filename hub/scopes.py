@@ -69,10 +69,10 @@ def high_priority_role(group: str) -> dict[str, Any]:
 
 
 def tuner_service_role(service_name: str) -> dict[str, Any]:
-    """The tuner service's own token (one machine): it reads the members of the hub groups the
-    GPU pool's shares name, so a team's quota counts the team's trials
-    (:mod:`tuner.scheduling.hub_groups`). Nothing else: people's identities reach it with
-    their own tokens."""
+    """The tuner service's own token: it reads the members of hub groups, so a team's GPU
+    quota counts the team's trials (one machine) and a pod's GPU-hours count for its person's
+    groups (Kubernetes) (:mod:`tuner.scheduling.hub_groups`). Nothing else: people's
+    identities reach it with their own tokens."""
     return {
         "name": "tuner-service",
         "description": "Read hub groups' members (the GPU pool's group quotas)",

@@ -24,6 +24,7 @@ from tests.nvml_standin import GiB, StandIn
 from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
 from tests.test_gpu_usage import nvml_library, standin  # noqa: F401  (fixtures)
+from tests.test_hub_groups import groups_api  # noqa: F401  (fixture)
 from tests.test_kubernetes_backend import (  # noqa: F401  (fixture kube_env)
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
@@ -39,6 +40,7 @@ from tuner.cli import main as cli_main
 from tuner.db import Database
 from tuner.db.models import GpuHolding
 from tuner.pool_sources.kubernetes import KubernetesPoolSource
+from tuner.scheduling.hub_groups import HubGroups
 from tuner.spec import Resources
 
 WEB = Path(__file__).resolve().parent.parent / "tuner" / "web"
@@ -94,12 +96,16 @@ def gpu_trial(kube: KubeCluster, trial: int, gpus: int, gate: Path, priority: st
 
 @pytest.fixture
 async def source(kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
-                 tmp_path: Path) -> AsyncIterator[tuple[KubernetesBackend, KubernetesPoolSource]]:
+                 tmp_path: Path, groups_api: tuple[str, dict[str, object], list[str]],  # noqa: F811
+                 ) -> AsyncIterator[tuple[KubernetesBackend, KubernetesPoolSource]]:
     team_queue(kube_env, monkeypatch)
     backend = KubernetesBackend.from_env()
     await backend.start()
     db = Database(f"sqlite:///{tmp_path / 'tuner.sqlite'}")
-    pool = KubernetesPoolSource(backend.settings, db)
+    # The hub's groups (bob is in vision), read as the service reads them: every group.
+    hub_groups = HubGroups(groups_api[0], "service-token")
+    await hub_groups.refresh(None)
+    pool = KubernetesPoolSource(backend.settings, db, groups_of=hub_groups.of)
     await pool.start()
     try:
         yield backend, pool
@@ -170,6 +176,9 @@ async def test_the_cluster_pool_shows_holders_flavors_the_queue_and_gpu_hours(
     assert usage["notebook"]["bob"] == pytest.approx((ended.end - ended.start) / 3600)
     assert usage["person"]["bob"] == usage["notebook"]["bob"] > 0
     assert usage["person"]["alice"] > 0 and usage["sweep"]["3"] == usage["person"]["alice"]
+    # bob's hours count for his hub group too (alice is in none); written with the holding.
+    assert usage["group"] == {"vision": usage["person"]["bob"]}, usage
+    assert ended.groups == ["vision"]
     assert usage["mode"] == "kubernetes" and usage["since_iso"]
     (data / "gate-1").write_text("")
     (data / "gate-2").write_text("")

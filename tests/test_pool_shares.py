@@ -297,6 +297,12 @@ def test_a_cap_holds_a_trial_back_and_a_higher_priority_trial_preempts_the_cheap
     assert record["steps"] == ["1"] * first + ["2"] * (len(record["steps"]) - first)
     assert final[0]["value"] == pytest.approx(len(record["steps"]))  # continued, not redone
     assert ana.get("pool").json()["queue"] == []
+    # Bob's trials' GPU-hours count for his team as well as for him (their holder records
+    # carry his hub groups); ana's, in no configured group, for her alone.
+    usage = bob.get("usage", params={"since": "2020-01-01"}).json()
+    assert usage["person"]["bob"] > 0, usage
+    assert usage["group"]["vision"] == pytest.approx(usage["person"]["bob"]), usage
+    assert usage["person"]["ana"] > 0 and set(usage["group"]) == {"vision"}, usage
     metrics = httpx.get(f"{hub.url}services/tuner/metrics", timeout=30,
                         headers={"Authorization": f"token {hub.admin_token}"}).text
     assert "tunehub_trial_attempts_preempted_total 1.0" in metrics

@@ -77,8 +77,10 @@ class Holder:
         return cls(person=person, kind="notebook", server=server, groups=tuple(groups))
 
     @classmethod
-    def trial_attempt(cls, person: str, sweep_id: int, trial: int, attempt: int) -> Holder:
-        return cls(person=person, kind="trial", sweep_id=sweep_id, trial=trial, attempt=attempt)
+    def trial_attempt(cls, person: str, sweep_id: int, trial: int, attempt: int,
+                      groups: tuple[str, ...] = ()) -> Holder:
+        return cls(person=person, kind="trial", sweep_id=sweep_id, trial=trial, attempt=attempt,
+                   groups=tuple(groups))
 
     @property
     def what(self) -> str:

@@ -35,6 +35,7 @@ from tuner.errors import Conflict
 from tuner.lifecycle.liveness import HEARTBEAT_SECONDS, controller_alive
 from tuner.lifecycle.states import SweepState
 from tuner.scheduling.host import SweepHost
+from tuner.scheduling.hub_groups import HubGroups
 from tuner.search.study import storage_for
 from tuner.sweep_store import SweepStore
 
@@ -173,6 +174,7 @@ async def serve() -> None:
     )
     notebook_gpus = None
     reading_groups: asyncio.Task[None] | None = None
+    hub_groups = HubGroups.from_environment()  # None without a hub (nobody's groups known)
     if "local" in backends:
         from tuner.backends.local.backend import LocalBackend
         from tuner.metrics import watch_gpu_pool
@@ -185,17 +187,10 @@ async def serve() -> None:
         notebook_gpus = NotebookGpuWatch(settings.gpu_locks_dir)  # notebooks' measured GPU use
         local = backends["local"]
         if isinstance(local, LocalBackend):
-            from tuner.scheduling.hub_groups import HubGroups
-
-            hub_groups = HubGroups.from_environment()
             ctx.gpu_queue = GpuQueue(engine, local, settings.gpu_locks_dir,
                                      hub_groups=hub_groups)
             if names[0] != "kubernetes":
                 ctx.pool_metrics = watch_gpu_queue(ctx.gpu_queue)
-            if hub_groups is not None:  # a team's quota counts its trials
-                queue = ctx.gpu_queue
-                reading_groups = asyncio.get_running_loop().create_task(
-                    hub_groups.keep_reading(lambda: queue.shares.groups.keys()))
     if names[0] == "kubernetes":  # the pool people see is the cluster's
         from tuner.backends.kubernetes import KubernetesBackend
         from tuner.pool_sources.kubernetes import KubernetesPoolSource
@@ -204,9 +199,19 @@ async def serve() -> None:
         if isinstance(cluster, KubernetesBackend):
             from tuner.pool_sources.kube_metrics import watch_kube_pool
 
-            source = ctx.pool_source = KubernetesPoolSource(cluster.settings, db)
+            source = ctx.pool_source = KubernetesPoolSource(
+                cluster.settings, db, groups_of=hub_groups.of if hub_groups else lambda p: ())
             engine.gpu_use_sink = source.use_writer.measured  # trial pods' readings, kept
             ctx.pool_metrics = watch_kube_pool(source)
+    if hub_groups is not None:
+        # Which hub groups people are in: a team's quota counts its trials (the local pool
+        # reads the groups its shares name), a pod's GPU-hours count for its person's groups
+        # (Kubernetes: every group).
+        queue = ctx.gpu_queue
+        configured = (None if names[0] == "kubernetes" or queue is None
+                      else (lambda: queue.shares.groups.keys()))
+        reading_groups = asyncio.get_running_loop().create_task(
+            hub_groups.keep_reading(configured))
     app = make_app(engine, prefix, ctx, cookie_secret(settings))
     server = await listen(app, host, port, tls_context())
     await engine.start()

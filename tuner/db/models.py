@@ -220,3 +220,7 @@ class GpuHolding(Base):
     #: The pod's measured use so far, shaped like a holder record's ``use`` on one machine,
     #: with each GPU's latest reading under ``gpus``; null until measured.
     use: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    #: The hub groups the person was a member of when the pod started
+    #: (:mod:`tuner.scheduling.hub_groups`): its GPU-hours count for them too; null when the
+    #: tuner knew none (no hub token, or the hub did not answer yet).
+    groups: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)

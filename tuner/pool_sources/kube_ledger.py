@@ -46,6 +46,7 @@ class KubeHoldingLedger:
                     pod_uid=uid, pod=pod, person=holder.person, kind=holder.kind,
                     server=holder.server, sweep_id=holder.sweep_id, trial=holder.trial,
                     attempt=holder.attempt, gpus=gpus, flavor=flavor, start=start,
+                    groups=list(holder.groups) or None,
                     end=None if end is None else max(end, start), stale=False))
             return True
         except IntegrityError:
@@ -102,4 +103,5 @@ class KubeHoldingLedger:
                  "sweep_id": r.sweep_id, "trial": r.trial, "attempt": r.attempt,
                  "gpus": r.gpus, "flavor": r.flavor, "pod": r.pod, "start": r.start,
                  "end": now if r.end is None else r.end, "open": r.end is None,
-                 "stale": r.stale, "use": r.use, "groups": []} for r in rows]
+                 "stale": r.stale, "use": r.use, "groups": list(r.groups or ())}
+                for r in rows]

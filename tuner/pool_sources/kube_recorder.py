@@ -9,11 +9,15 @@ Role's pod list and watch already cover), each pod asking for the GPU resource r
 - gone from a fresh list while its row is open (it went while no tuner watched): closed at
   the list's moment, ``stale`` (its real end lies somewhere before).
 
-A trial pod's person is its Job's owner annotation (one ``get`` per Job, remembered)."""
+A trial pod's person is its Job's owner annotation (one ``get`` per Job, remembered); the hub
+groups that person is a member of when the pod is first seen (``groups_of``, read from the hub:
+:mod:`tuner.scheduling.hub_groups`) are written with the holding, so its GPU-hours count for
+them too."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -55,8 +59,10 @@ class HoldingRecorder:
     """Follows the release's pods and keeps the ledger. ``clock``: seconds, for tests."""
 
     def __init__(self, kube: Kube, settings: KubeSettings, ledger: KubeHoldingLedger,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 groups_of: Callable[[str], tuple[str, ...]] = lambda person: ()) -> None:
         self.kube, self.settings, self.ledger, self.clock = kube, settings, ledger, clock
+        self.groups_of = groups_of
         self.resource = settings.gpu_names.resource
         self._owners: dict[str, str] = {}
         self.watch = Watch(kube, "pods", (release_pods(settings), None), self._on_pod,
@@ -78,7 +84,10 @@ class HoldingRecorder:
         labels = pod["metadata"].get("labels") or {}
         job = labels.get(JOB_NAME_LABEL) or labels.get("job-name") or ""
         owners = {job: await self._owner(job)} if job and labels.get(m.SWEEP_LABEL) else {}
-        return kp.pod_holder(pod, owners)
+        holder = kp.pod_holder(pod, owners)
+        if holder is None:
+            return None
+        return dataclasses.replace(holder, groups=self.groups_of(holder.person))
 
     async def _on_pod(self, pod: dict[str, Any], deleted: bool) -> None:
         spec = pod.get("spec") or {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tunehub_base.gpu_holders import Holder, usage_report
@@ -41,8 +42,12 @@ log = logging.getLogger("tunehub.pool")
 class KubernetesPoolSource(PoolSource):
     mode = "kubernetes"
 
-    def __init__(self, settings: KubeSettings, db: Database) -> None:
+    def __init__(self, settings: KubeSettings, db: Database,
+                 groups_of: Callable[[str], tuple[str, ...]] = lambda person: ()) -> None:
+        """``groups_of``: the hub groups a person is a member of (their pods' GPU-hours
+        count for those groups too)."""
         self.settings = settings
+        self.groups_of = groups_of
         self.ledger = KubeHoldingLedger(db)
         #: Where the controllers' meters of trial pods go (:meth:`SweepHost.gpu_use_sink`).
         self.use_writer = PodUseWriter(self.ledger)
@@ -61,7 +66,8 @@ class KubernetesPoolSource(PoolSource):
     async def _connect(self) -> Kube:
         if self.kube is None:
             self.kube = Kube(await connect(self.settings), self.settings.namespace)
-            self.recorder = HoldingRecorder(self.kube, self.settings, self.ledger)
+            self.recorder = HoldingRecorder(self.kube, self.settings, self.ledger,
+                                            groups_of=self.groups_of)
             self._recording = asyncio.get_running_loop().create_task(
                 self.recorder.run(), name="k8s-gpu-holdings")
         return self.kube

@@ -192,6 +192,7 @@ class GpuQueue:
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         backend.reserved = self.reserved_gpus
+        backend.groups_of = self.groups_of
         host.pool_gate = self
 
     @property
@@ -486,7 +487,7 @@ class GpuQueue:
             server = str(holder.get("server") or "")
             return GpuRequest(NotebookAsk(person, server, groups, 1).request_id, person,
                               "notebook", 1, since, groups), since
-        groups = self.groups_of(person)  # a trial's record names no groups: the hub's
+        groups = self.groups_of(person)  # the hub's now (the record's: at its start)
         sweep_id, number, attempt = holder.get("sweep_id"), holder.get("trial"), \
             holder.get("attempt")
         rid = f"trial:{sweep_id}/{number}/{attempt}"

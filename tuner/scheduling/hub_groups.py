@@ -9,8 +9,11 @@ the owner's name. So the tuner reads the members of each *configured* group from
 :meth:`HubGroups.of` when it builds a trial's request. Membership is as the hub had it at the
 last read: someone added to a team counts against its quota from the next read on.
 
-Only the groups the shares name are read (a hub may have thousands of groups; only those
-with a weight or a cap change a decision). A group the hub does not have counts nobody; a hub
+On one machine only the groups the shares name are read (a hub may have thousands of groups;
+only those with a weight or a cap change a decision). On Kubernetes, where Kueue decides and
+the tuner only keeps GPU-hours, every group is read (``GET /hub/api/groups``, a page at a
+time), so a pod's GPU-hours count for each group its person was a member of when it started
+(:mod:`tuner.pool_sources.kube_recorder`). A group the hub does not have counts nobody; a hub
 that does not answer leaves the last membership in force and is said once in the log.
 """
 
@@ -28,6 +31,8 @@ log = logging.getLogger("tunehub.hub_groups")
 
 #: How often the configured groups' members are read again from the hub.
 REFRESH_SECONDS = 30.0
+#: Groups asked per request when every group is read.
+PAGE = 200
 
 
 class HubGroups:
@@ -70,13 +75,15 @@ class HubGroups:
         found = self._members.get(group)
         return sorted(found) if found is not None else None
 
-    async def refresh(self, names: Iterable[str]) -> None:
-        """Read the members of each group in ``names`` (the others are forgotten)."""
-        wanted = sorted(set(names))
+    async def refresh(self, names: Iterable[str] | None) -> None:
+        """Read the members of each group in ``names`` (the others are forgotten); None:
+        of every group the hub has (Kubernetes, where GPU-hours are kept per group)."""
         members: dict[str, frozenset[str]] = {}
         try:
             async with httpx.AsyncClient(verify=self.verify, timeout=10) as client:  # type: ignore[arg-type]
-                for name in wanted:
+                if names is None:
+                    members = await self._every_group(client)
+                for name in sorted(set(names or ())):
                     r = await client.get(f"{self.api_url}/groups/{quote(name, safe='')}",
                                          headers={"Authorization": f"token {self.token}"})
                     if r.status_code == 404:
@@ -84,7 +91,7 @@ class HubGroups:
                         continue
                     r.raise_for_status()
                     members[name] = frozenset(str(u) for u in r.json().get("users") or ())
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             if not self._failing:
                 log.warning("could not read the pool's hub groups (%s); the last membership "
                             "read stays in force", exc)
@@ -95,9 +102,27 @@ class HubGroups:
         self._failing = False
         self._members = members
 
-    async def keep_reading(self, names: Callable[[], Iterable[str]],
-                           every: float = REFRESH_SECONDS) -> None:
-        """Refresh every ``every`` seconds with the group names configured at that moment."""
+    async def _every_group(self, client: httpx.AsyncClient) -> dict[str, frozenset[str]]:
+        """Every group's members, a page of :data:`PAGE` at a time (the hub's API pages its
+        lists)."""
+        found: dict[str, frozenset[str]] = {}
+        offset = 0
         while True:
-            await self.refresh(names())
+            r = await client.get(f"{self.api_url}/groups",
+                                 params={"offset": offset, "limit": PAGE},
+                                 headers={"Authorization": f"token {self.token}"})
+            r.raise_for_status()
+            page = r.json()
+            for group in page:
+                found[str(group["name"])] = frozenset(str(u) for u in group.get("users") or ())
+            if len(page) < PAGE:
+                return found
+            offset += len(page)
+
+    async def keep_reading(self, names: Callable[[], Iterable[str]] | None,
+                           every: float = REFRESH_SECONDS) -> None:
+        """Refresh every ``every`` seconds with the group names configured at that moment
+        (None: every group)."""
+        while True:
+            await self.refresh(names() if names is not None else None)
             await asyncio.sleep(every)  # a period, not synchronisation

@@ -140,6 +140,9 @@ class LocalBackend(Backend):
         #: :class:`~tuner.scheduling.gpu_queue.GpuQueue` sets it): a trial starts only on
         #: GPUs beyond these, so a GPU freed by a preemption goes to the notebook it was for.
         self.reserved: Callable[[], int] = lambda: 0
+        #: The hub groups a trial's owner counts in (the GPU queue's, from the hub): written in
+        #: the attempt's holder record, so its GPU-hours count for the owner's groups too.
+        self.groups_of: Callable[[str], tuple[str, ...]] = lambda person: ()
         # (sweep, warm argv, spec's preload) -> modules its zygote preloads
         self._preloads: dict[tuple[int, tuple[str, ...], object],
                              asyncio.Future[tuple[str, ...]]] = {}
@@ -213,7 +216,8 @@ class LocalBackend(Backend):
                 return
         workers, per_worker = launch.resources.workers, launch.resources.gpu
         gpus = self.gpus.acquire(per_worker * workers, Holder.trial_attempt(
-            launch.owner, launch.sweep_id, launch.number, launch.attempt))
+            launch.owner, launch.sweep_id, launch.number, launch.attempt,
+            self.groups_of(launch.owner)))
         if gpus is None:
             await self.emit(
                 TrialEvent(launch.trial_id, launch.attempt, EventKind.FAILED, reason="no free GPU")
