@@ -146,6 +146,13 @@ async def test_the_cluster_pool_shows_holders_flavors_the_queue_and_gpu_hours(
         assert row["state"] == "held" and row["gpus"] == 1 and row["flavor"] == "a100"
         assert row["node"] == "gpu-a100-0" and row["gpu"] == "1 x a100 on gpu-a100-0"
         assert began - 2 <= row["since"] <= time.time() and row["since_iso"]
+    # Each person's part of the team's quota (the ClusterQueue's 2 GPUs; no cap of their own).
+    team = f"ClusterQueue {backend.settings.cluster_queue}"
+    assert view["shares"] == [
+        {"person": "alice", "account": team, "held_gpus": 1, "waiting_gpus": 2, "weight": 1.0,
+         "share": 0.5, "fair_share_gpus": 2, "max_gpus": None},
+        {"person": "bob", "account": team, "held_gpus": 1, "waiting_gpus": 0, "weight": 1.0,
+         "share": 0.5, "fair_share_gpus": 2, "max_gpus": None}], view["shares"]
     (waiting,) = view["queue"]
     assert waiting["position"] == 1 and waiting["person"] == "alice"
     assert waiting["what"] == "sweep 3 trial 2 attempt 1" and waiting["gpus"] == 2
@@ -191,6 +198,8 @@ async def test_the_cluster_pool_shows_holders_flavors_the_queue_and_gpu_hours(
     assert sorted(r.split("\t")[:4] for r in page["#pool-gpus"]) == [
         ["1 x a100 on gpu-a100-0", "held", "alice", "sweep 3 trial 1 attempt 1"],
         ["1 x a100 on gpu-a100-0", "held", "bob", "notebook of bob"]], page
+    assert [r.split("\t")[:6] for r in page["#pool-shares"]] == [
+        ["alice", team, "1", "–", "1", "2"], ["bob", team, "1", "–", "1", "0"]], page
     assert [r.split("\t") for r in page["#pool-queue"]] == [
         ["1", "alice", "sweep 3 trial 2 attempt 1", "2", "normal", waiting["reason"]]], page
 
@@ -327,8 +336,8 @@ def test_a_trial_pods_readings_show_in_the_pool_usage_and_metrics(
 
 async def pool_page(pool: dict[str, Any], usage: dict[str, Any]) -> dict[str, list[str]]:
     """The rows of the sweeps page's GPU pool tables (``#pool-gpus``, ``#pool-flavors``,
-    ``#pool-queue``) as Chromium renders them from ``pool`` and ``usage``: the page's own
-    files, its API answered by these (every other API read an empty list)."""
+    ``#pool-queue``, ``#pool-shares``) as Chromium renders them from ``pool`` and ``usage``:
+    the page's own files, its API answered by these (every other API read an empty list)."""
     from playwright.async_api import Route, async_playwright
 
     from tests.test_hub_browser import CHROMIUM, CHROMIUM_ARGS
@@ -356,7 +365,8 @@ async def pool_page(pool: dict[str, Any], usage: dict[str, Any]) -> dict[str, li
             await page.goto(base)
             await page.locator("#pool-flavors tbody tr").first.wait_for(timeout=20_000)
             return {table: await page.locator(f"{table} tbody tr").all_inner_texts()
-                    for table in ("#pool-gpus", "#pool-flavors", "#pool-queue")}
+                    for table in ("#pool-gpus", "#pool-flavors", "#pool-queue",
+                                  "#pool-shares")}
         finally:
             await browser.close()
 

@@ -145,7 +145,8 @@ class KubernetesPoolSource(PoolSource):
         view: dict[str, Any] = {
             "mode": self.mode, "gpu_source": source, "namespace": s.namespace,
             "resource": resource, "total": held if total is None else total, "held": held,
-            "gpus": rows, "flavors": flavor_rows, "queue": queue, "shares": [], "groups": []}
+            "gpus": rows, "flavors": flavor_rows, "queue": queue, "groups": [],
+            "shares": kp.person_rows(rows, queue, cluster_queue, self._queue_name(), total)}
         if errors:
             view["errors"] = errors
         return view

@@ -230,3 +230,33 @@ def places(summary: dict[str, Any] | None) -> dict[str, int]:
     ``PendingWorkloadsSummary`` (none: no positions known)."""
     return {str(i["metadata"]["name"]): int(i.get("positionInClusterQueue", 0))
             for i in (summary or {}).get("items") or [] if (i.get("metadata") or {}).get("name")}
+
+
+def person_rows(rows: list[dict[str, Any]], queue: list[dict[str, Any]],
+                cluster_queue: dict[str, Any] | None, account: str,
+                quota: int | None) -> list[dict[str, Any]]:
+    """Each person holding or waiting for GPUs, in the pool's ``shares`` shape: GPUs held and
+    waiting, and what they share. On a cluster a person has no quota of their own: the team
+    shares its ClusterQueue's (``account``, ``fair_share_gpus``: the queue's nominal GPUs),
+    weighed against other teams by the queue's fair-sharing weight; ``share`` is the part of
+    that quota the person holds, ``max_gpus`` None (no per-person cap: Kueue caps the queue)."""
+    weight = 1.0
+    raw = (((cluster_queue or {}).get("spec") or {}).get("fairSharing") or {}).get("weight")
+    try:
+        weight = float(raw) if raw is not None else 1.0
+    except (TypeError, ValueError):
+        pass
+    held: dict[str, int] = {}
+    waiting: dict[str, int] = {}
+    for row in rows:
+        person = str((row.get("holder") or {}).get("person") or "")
+        if person:
+            held[person] = held.get(person, 0) + int(row["gpus"])
+    for entry in queue:
+        if entry.get("person"):
+            waiting[entry["person"]] = waiting.get(entry["person"], 0) + int(entry["gpus"])
+    return [{"person": person, "account": account, "held_gpus": held.get(person, 0),
+             "waiting_gpus": waiting.get(person, 0), "weight": weight,
+             "share": round(held.get(person, 0) / quota, 3) if quota else 0.0,
+             "fair_share_gpus": quota or 0, "max_gpus": None}
+            for person in sorted(set(held) | set(waiting))]
