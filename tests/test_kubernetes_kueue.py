@@ -190,7 +190,8 @@ async def test_kueue_evicts_a_trial_for_a_notebook_and_it_resumes_as_preempted(
     # queued after it goes ahead of it. Each says where it stands.
     gate_1.write_text("")
     await be.launch(training_launch(kube_env, 1, 2, "low", gate_1))
-    wait = await waiting_reason(events, 1, 2, "1st in queue")
+    # Kueue writes its reason after its scheduling cycle: until then the position alone.
+    wait = await waiting_reason(events, 1, 2, "more needed)")
     assert wait.reason == (
         "waiting for quota in ClusterQueue team-a: 1st in queue (couldn't assign flavors to "
         "pod set main: insufficient quota for nvidia.com/gpu in flavor a100, 2 more needed)")

@@ -123,9 +123,13 @@ def test_a_forwarded_address_from_anyone_but_the_proxy_is_not_believed(lab: Lab)
         r = httpx.get(f"{url}sweeps?probe=spoof{n}", headers={**lab.alice.headers, **spoof},
                       timeout=30)
         assert r.status_code == 200, r.text
+    # The access line is written after the answer is sent: read the log until both are there.
+    def both_logged() -> list[str]:
+        lines = lab.hub.log.read_text().splitlines()
+        seen = [line for line in lines if "probe=spoof" in line and "tornado.access" in line]
+        return seen if len(seen) == 2 else []
+    seen = wait_for(both_logged, 30, "both requests in the tuner's access log")
     log = lab.hub.log.read_text()
-    seen = [line for line in log.splitlines() if "probe=spoof" in line and "tornado.access" in line]
-    assert len(seen) == 2, log[-3000:]
     assert all("(127.0.0.1)" in line for line in seen), seen
     assert "203.0.113." not in log
 
