@@ -43,13 +43,16 @@ from typing import Any
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Bool, Dict, Float, List, Unicode, default
 
-from hub import internal_tls
+from hub import internal_tls, network_fence
 from hub.gpu_wait import PoolQueueClient
 from hub.spawn_refused import SpawnRefused
 from tunehub_base import unix_users
 from tunehub_base.gpu_holders import Holder, HolderBook
 from tunehub_base.gpus import GpuPool, discover_gpus
+from tunehub_base.options import setting
 from tunehub_base.unix_users import UnixUser, UnixUsers
+
+ISLANDS = setting("TUNEHUB_NETWORK_ISLANDS")
 
 
 def default_profiles(gpu_count: int) -> list[dict[str, Any]]:
@@ -92,6 +95,14 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         help="""Run each server as the account's own system user (``tunehub-<name>``, created
         on demand), as ``LocalProcessSpawner`` does. Needs the hub to run as root. Default:
         ``TUNEHUB_UNIX_USERS=1`` and root (``tunehub up`` sets it when started as root).""",
+    ).tag(config=True)
+
+    network_fence = Bool(
+        help="""Fence each person's notebook processes on the machine's network
+        (:mod:`hub.network_fence`): what they listen on takes new connections from that person
+        and the platform (root) only. Needs ``unix_users``; default: on with it, unless
+        ``TUNEHUB_NETWORK_ISLANDS=0`` (which turns the trials' islands off too). Where the
+        fence cannot be made, the server is refused with the reason.""",
     ).tag(config=True)
 
     tls_dir = Unicode(
@@ -139,6 +150,8 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         self._gpu_wait_message: str | None = None
         self._gpu_wait_ended: str | None = None
         self._withdrawal: asyncio.Future[None] | None = None
+        #: The person's group of the network fence, for the server's pre-exec step.
+        self._fence_procs: Path | None = None
 
     @default("unix_users")
     def _default_unix_users(self) -> bool:
@@ -162,6 +175,10 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         from tunehub_base.settings import load_settings
 
         return str(load_settings().home / "users" / "{username}")
+
+    @default("network_fence")
+    def _default_network_fence(self) -> bool:
+        return self.unix_users and ISLANDS.on()
 
     @default("gpu_lock_dir")
     def _default_gpu_lock_dir(self) -> str:
@@ -249,8 +266,11 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         if not self.unix_users:
             return chdir_home
         drop = unix_users.privilege_dropper(self._owner)
+        fence = self._fence_procs
 
         def preexec() -> None:
+            if fence is not None:
+                network_fence.enter(fence)  # as root, before anything of the person's runs
             drop()
             chdir_home()
 
@@ -353,6 +373,7 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
     async def start(self) -> Any:
         profile = self.chosen_profile()
         self._prepare_home()
+        self._fence_procs = await self._fence() if self.network_fence else None
         gpus, fds = await self._take_gpus(int(profile.get("gpus") or 0))
         self.environment = {**self.environment, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
         self.popen_kwargs = {**self.popen_kwargs, "pass_fds": tuple(fds)}
@@ -367,6 +388,23 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         self.log.info("server for %s: profile %s, GPUs %s", self.user.name, profile["slug"],
                       gpus or "none")
         return result
+
+    async def _fence(self) -> Path:
+        """The person's group of the network fence, the fence's table rewritten for it."""
+        uid = self._owner.uid
+
+        def admit() -> Path:
+            return network_fence.NetworkFence.open().admit(uid)
+
+        try:
+            return await asyncio.to_thread(admit)
+        except (network_fence.FenceUnavailable, OSError, subprocess.SubprocessError) as exc:
+            raise SpawnRefused(
+                "your server was not started: other people's processes could reach what it "
+                f"listens on ({exc}). Please tell an administrator (TUNEHUB_NETWORK_ISLANDS=0 "
+                "turns this protection off).", reason="error", status_code=503,
+                log_message=f"no network fence for {self.user.name}'s server: {exc}",
+            ) from None
 
     def _not_started(self, exc: OSError | subprocess.SubprocessError) -> SpawnRefused:
         """Why the server process could not even be started, for the person and the admin.

@@ -43,6 +43,11 @@ class Setting:
         assert isinstance(self.value, str), f"{self.env} has no plain default"
         return self.value
 
+    def on(self, environ: Mapping[str, str] | None = None) -> bool:
+        """A switch: on unless its value (or the table's default) is ``0``, ``false``, ``no``
+        or ``off``."""
+        return self.text(environ).lower() not in ("0", "false", "no", "off")
+
     def number(self, environ: Mapping[str, str] | None = None, fallback: int | None = None) -> int:
         """The value as a whole number, or the table's default (``fallback`` where the default
         is computed); a value that is not a number is a ValueError naming the variable."""
@@ -135,8 +140,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TUNEHUB_UNIX_GROUP", "the shared group of people's Unix users (owns the data store)",
             "`tunehub`"),
     Setting("TUNEHUB_NETWORK_ISLANDS", "as root with per-person Unix users: `1` each local "
-            "attempt gets a network namespace of its own (nobody else reaches what it listens "
-            "on), `0` attempts share the machine's network", "`1`", value="1"),
+            "attempt gets a network namespace of its own and each person's notebook processes "
+            "are fenced (nobody else reaches what they listen on; needs `nft` and a cgroup v2 "
+            "hierarchy), `0` attempts and notebooks share the machine's network", "`1`",
+            value="1"),
     Setting("TUNEHUB_ISLAND_EGRESS", "`1`: islands reach the machine's network through a veth "
             "pair and source NAT (needs `nft`, and turns on IPv4 forwarding; IPv6 too where the "
             "machine has an IPv6 default route); `0`: loopback only (`127.0.0.1` and `::1`)",

@@ -35,6 +35,7 @@ import os
 import secrets
 from pathlib import Path
 
+from tunehub_base.cgroup_mounts import MOUNTINFO, cgroup_mounts
 from tunehub_base.options import setting
 from tunehub_base.process_identity import ProcessIdentity
 from tuner.backends.local.cgroups_base import (
@@ -51,7 +52,6 @@ from tuner.backends.local.cgroups_v2 import V2Hierarchy, enable_controllers, off
 __all__ = ["AttemptGroup", "Bounds", "Hierarchy", "bounds_for", "open_hierarchy"]
 
 ATTEMPT_PIDS = setting("TUNEHUB_ATTEMPT_PIDS")
-MOUNTINFO = Path("/proc/self/mountinfo")
 OWN_CGROUPS = Path("/proc/self/cgroup")
 
 
@@ -157,22 +157,8 @@ def _clear_stale(base: Path) -> None:
 
 
 def _cgroup_mounts(mountinfo: Path = MOUNTINFO) -> dict[str, list[tuple[str, Path]]]:
-    """Mounted cgroup hierarchies from ``/proc/self/mountinfo``: for v1 by controller, for v2
-    under ``cgroup2``; each as (the hierarchy's path mounted there, mount point)."""
-    found: dict[str, list[tuple[str, Path]]] = {}
-    for line in read(mountinfo).splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        mount_root, point, fstype = fields[3], Path(fields[4]), tail[0]
-        if fstype == "cgroup2":
-            found.setdefault("cgroup2", []).append((mount_root, point))
-        elif fstype == "cgroup":
-            for option in tail[2].split(","):
-                if option in CONTROLLERS:
-                    found.setdefault(option, []).append((mount_root, point))
-    return found
+    """The hierarchies of :data:`CONTROLLERS` (v1) and the v2 one, where mounted."""
+    return cgroup_mounts(CONTROLLERS, mountinfo)
 
 
 def _own_cgroups(own_cgroups: Path = OWN_CGROUPS) -> dict[str, str]:

@@ -91,11 +91,7 @@ HOLDER_START_SECONDS = 30.0
 def enabled() -> bool:
     """Islands are made when trials run as their owners (root, ``TUNEHUB_UNIX_USERS``) and
     ``TUNEHUB_NETWORK_ISLANDS`` is not ``0``: with one OS user there is nobody to keep out."""
-    return _on(ENV_ISLANDS.text())
-
-
-def _on(value: str) -> bool:
-    return value not in ("0", "false", "no", "off")
+    return ENV_ISLANDS.on()
 
 
 @dataclass
@@ -155,7 +151,7 @@ class Islands:
         self.home = home
         self.network = island_network(ENV_NETWORK.text())
         self.network6 = island_network6(ENV_NETWORK6.text())
-        want_egress = _on(ENV_EGRESS.text())
+        want_egress = ENV_EGRESS.on()
         self.egress = want_egress and shutil.which("nft") is not None
         if want_egress and not self.egress:
             log.warning("no nft on this machine: attempts' islands have no egress "
