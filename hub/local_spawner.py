@@ -391,10 +391,10 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
 
     async def _fence(self) -> Path:
         """The person's group of the network fence, the fence's table rewritten for it."""
-        uid = self._owner.uid
+        uid, server = self._owner.uid, self.name or ""
 
         def admit() -> Path:
-            return network_fence.NetworkFence.open().admit(uid)
+            return network_fence.NetworkFence.open().admit(uid, server)
 
         try:
             return await asyncio.to_thread(admit)
@@ -405,6 +405,23 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
                 "turns this protection off).", reason="error", status_code=503,
                 log_message=f"no network fence for {self.user.name}'s server: {exc}",
             ) from None
+
+    def _end_server_group(self) -> None:
+        """Everything the server started (its double forks, ``nohup`` jobs) killed, its group
+        removed; what will not die is logged (and killed before the server's next start).
+        Found by the person and the server's name, so a server started before a hub restart
+        is ended too."""
+        self._fence_procs = None
+        owner = self._system_users().lookup(self.user.name)
+        try:
+            fence = network_fence.NetworkFence.open()
+        except (network_fence.FenceUnavailable, OSError):
+            return  # no fence: its server was never placed in a group
+        if owner is None:
+            return
+        group = fence.server_group(owner.uid, self.name or "")
+        if not network_fence.end_group(group):
+            self.log.error("what %s's server started would not end: %s", self.user.name, group)
 
     def _not_started(self, exc: OSError | subprocess.SubprocessError) -> SpawnRefused:
         """Why the server process could not even be started, for the person and the admin.
@@ -463,6 +480,9 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         self.gpu_holdings = {}
 
     def clear_state(self) -> None:
+        """The server is gone (stopped, died, or never started): so is all it started."""
+        if self.network_fence:
+            self._end_server_group()
         if self.gpu_holdings:
             self._end_gpu_holdings()
         super().clear_state()

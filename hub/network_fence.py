@@ -12,10 +12,13 @@ the network get a refusal, on every address and port, TCP or UDP, IPv4 or IPv6.
 How, by construction rather than per port:
 
 - Before a notebook server runs anything of the person's, it is placed (by root, between fork
-  and exec) in the person's group of the cgroup v2 hierarchy, ``tunehub-people/<uid>``
-  (membership only, no controller: it bounds nothing). The kernel puts everything the server
-  starts (kernels, terminals, what a cell starts, double forks) in the same group, and only
-  root can move a process out. Every socket remembers the group of the process that made it.
+  and exec) in a group of its own inside the person's group of the cgroup v2 hierarchy,
+  ``tunehub-people/<uid>/server-<name>`` (membership only, no controller: it bounds nothing).
+  The kernel puts everything the server starts (kernels, terminals, what a cell starts, double
+  forks) in the same group, and only root can move a process out. Every socket remembers the
+  group of the process that made it. (The same group lets the hub end everything a server
+  started when it stops, :func:`end_group`: a ``nohup`` job left behind would go on using the
+  GPUs the server gave back.)
 - One nftables table, ``inet tunehub_people``. Its output chain marks every new connection to
   one of the machine's own addresses with who opened it (a conntrack mark: root, or a person's
   uid; nothing for anyone else). Its input chain refuses a new connection whose receiving
@@ -35,10 +38,13 @@ listeners either. ``TUNEHUB_NETWORK_ISLANDS=0`` turns this off with the trials' 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +60,8 @@ LOCK = Path("/run/tunehub-people.lock")
 #: nftables names a cgroup v2 group by its path below this directory.
 NFT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 NFT_SECONDS = 30
+#: How long what a stopped server left may take to die before it is reported.
+KILL_SECONDS = 10.0
 
 
 class FenceUnavailable(RuntimeError):
@@ -96,19 +104,31 @@ class NetworkFence:
         raise FenceUnavailable("no usable cgroup v2 hierarchy: " + ("; ".join(problems)
                                                                      or "none mounted"))
 
-    def admit(self, uid: int) -> Path:
-        """Person ``uid``'s group (made if new) with the table rewritten to fence it: the
-        group's ``cgroup.procs``, where root writes a server's pid before it runs. Raises
-        :class:`FenceUnavailable` when ``nft`` refuses the table."""
+    def admit(self, uid: int, server: str) -> Path:
+        """Person ``uid``'s group (made if new) with the table rewritten to fence it, and in it
+        a fresh group for their server named ``server`` (what a previous run of it left is
+        killed first): that group's ``cgroup.procs``, where root writes the server's pid before
+        it runs. Raises :class:`FenceUnavailable` when ``nft`` refuses the table."""
         with LOCK.open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            group = self.groups / str(uid)
-            group.mkdir(mode=0o755, exist_ok=True)
+            person = self.groups / str(uid)
+            person.mkdir(mode=0o755, exist_ok=True)
             done = subprocess.run(["nft", "-f", "-"], input=self.rules(), text=True,
                                   capture_output=True, timeout=NFT_SECONDS, check=False)
         if done.returncode != 0:
             raise FenceUnavailable(f"nft refused the people's table: {done.stderr.strip()}")
+        if not end_group(self.server_group(uid, server)):
+            raise FenceUnavailable(f"what {server or 'the server'} left from its last run "
+                                   f"would not end in {KILL_SECONDS:.0f} s")
+        group = self.server_group(uid, server)
+        group.mkdir(mode=0o755)
         return group / "cgroup.procs"
+
+    def server_group(self, uid: int, server: str) -> Path:
+        """Where person ``uid``'s server ``server`` ("" for the default one) and all it starts
+        live (below the person's group, so the person's fence covers it)."""
+        safe = "".join(c if c.isalnum() or c in "-_." else f"%{ord(c):x}" for c in server)
+        return self.groups / str(uid) / f"server-{safe}"
 
     def people(self) -> list[int]:
         """The uids that have a group."""
@@ -135,6 +155,31 @@ class NetworkFence:
             "  }\n"
             "}\n"
         )
+
+
+def end_group(group: Path) -> bool:
+    """Kill everything in ``group`` (a server's, when it stops: its double forks and
+    ``nohup`` jobs too, which would go on using its GPUs) and remove it. False if it would not
+    empty in :data:`KILL_SECONDS`. ``cgroup.kill`` (Linux 5.14+) kills the group at once,
+    without a pid read and signalled later; before it, pid by pid."""
+    deadline = time.monotonic() + KILL_SECONDS
+    while True:
+        try:
+            events = (group / "cgroup.events").read_text()
+        except FileNotFoundError:
+            return True  # no such group
+        if "populated 0" in events:
+            group.rmdir()
+            return True
+        if time.monotonic() > deadline:
+            return False
+        if (group / "cgroup.kill").exists():
+            (group / "cgroup.kill").write_text("1")
+        else:
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.01)  # the kernel's exit work for what was just killed
 
 
 def mark(uid: int) -> int:

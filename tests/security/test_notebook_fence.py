@@ -23,6 +23,7 @@ import pytest
 
 from hub.network_fence import FenceUnavailable, NetworkFence
 from tests.hub_fixtures import Platform
+from tests.polling import wait_for
 from tests.test_hub_platform import Hub, login_token
 from tests.test_unix_users import run_cell
 from tunehub_base.unix_users import UnixUsers, privilege_dropper
@@ -116,7 +117,7 @@ def test_what_a_notebook_listens_on_only_its_person_and_the_platform_reach(
         ports[name] = run_cell(platform, name, tokens[name], LISTEN.format(name=name))
         uid = users.require(name).uid
         assert ports[name]["uid"] == uid
-        assert f"0::/tunehub-people/{uid}\n" in ports[name]["cgroup"], ports[name]["cgroup"]
+        assert f"0::/tunehub-people/{uid}/server-\n" in ports[name]["cgroup"], ports[name]
     address = machine_address()
 
     def attempt(who: str, target: str) -> dict[str, str]:
@@ -142,6 +143,22 @@ def test_what_a_notebook_listens_on_only_its_person_and_the_platform_reach(
                             capture_output=True, text=True, timeout=120, check=True, cwd="/",
                             preexec_fn=privilege_dropper(users.require("bob")))
     assert tried(json.loads(as_bob.stdout)) == refused
+
+    # A job alice left running on its own (a new session, its parent gone: it would go on
+    # using her server's GPUs) ends with her server, and so does her server's group.
+    left = run_cell(platform, "alice", tokens["alice"], """
+        import json, subprocess
+        job = subprocess.run(["setsid", "sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+        print(json.dumps(int(job.stdout)))
+    """)
+    group = NetworkFence.open().server_group(users.require("alice").uid, "")
+    assert str(left) in (group / "cgroup.procs").read_text().split()
+    admin.call("DELETE", "hub/api/users/alice/server", (202, 204))
+    wait_for(lambda: admin.server("alice") is None, timeout=120, what="alice's server to stop")
+    wait_for(lambda: not Path(f"/proc/{left}").exists(), timeout=30,
+             what="the job alice left to end with her server")
+    assert not group.exists()
 
 
 def test_the_fence_says_why_it_cannot_be_made(tmp_path: Path) -> None:
