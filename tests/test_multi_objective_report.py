@@ -65,7 +65,7 @@ def test_a_multi_objective_sweep_reports_every_metric(sqlite_home: Home, tmp_pat
         assert results["serving_figure"][0] == 400
         assert results["serving_figure"][1]["field"] == "metrics.model_size_mb"
         assert results["with_step"][0] == 400
-        assert results["intermediate"] == [200, {"prune": False}]
+        assert results["intermediate"] == [200, {"prune": False, "batch_seconds": 1.0}]
     trials = out["trials_detail"]
     for t in trials:
         x = t["params"]["x"]

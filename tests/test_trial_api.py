@@ -46,7 +46,7 @@ def test_report_endpoint_checks_tokens_and_input(sqlite_home: Home, tmp_path: Pa
     out = parse_json(sqlite_home.cli("sweep", "run", str(spec), "--wait", "--json").stdout)
     assert out["state"] == "completed"
     results = json.loads(record.read_text())
-    assert results["ok"] == [200, {"prune": False}]
+    assert results["ok"] == [200, {"prune": False, "batch_seconds": 1.0}]
     assert results["wrong_token"][0] == 401
     assert "no running attempt of this trial takes this token" in results["wrong_token"][1]["error"]
     assert results["other_trial"][0] == 401

@@ -109,6 +109,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TUNEHUB_LOCAL_GPUS", "GPU ids local trials may use (`0,1`; empty: none)",
             "NVML's count"),
     Setting("TUNEHUB_WARM_START", "`0`: a cold Python process per trial", "warm"),
+    Setting("TUNEHUB_REPORT_BATCH_SECONDS", "seconds a trial of a sweep that never prunes "
+            "(`pruner: none`, several metrics) may hold its intermediate values to send them "
+            "together (fewer requests for the tuner; what a killed trial held is lost); `0`: "
+            "each value sent at once. Sweeps that prune always send at once", "`1`", value="1"),
     Setting("TUNEHUB_PREEMPT_GRACE_SECONDS", "seconds a local trial preempted for a notebook "
             "(or a higher-priority trial) gets between SIGTERM and SIGKILL to save a checkpoint",
             "`30`", value=30),

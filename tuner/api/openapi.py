@@ -191,9 +191,14 @@ SCHEMAS: dict[str, Any] = {
     },
     "Report": {
         "type": "object",
-        "description": "value, or metrics (a final report of several metrics)",
+        "description": "value (with step: an intermediate one), metrics (a final report of "
+                       "several metrics), or steps (several intermediate values, in order)",
         "properties": {
             "value": {"type": "number"},
+            "steps": {"type": "array", "minItems": 1, "maxItems": 1000, "items": {
+                "type": "object", "required": ["step", "value"], "properties": {
+                    "step": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
+                    "value": {"type": "number"}}}},
             "metrics": {"type": "object", "additionalProperties": {"type": "number"},
                         "minProperties": 1, "maxProperties": 32},
             "step": {"type": "integer", "minimum": 0, "maximum": MAX_ID},
@@ -328,8 +333,15 @@ def document(base_path: str) -> dict[str, Any]:
                     "responses": {
                         "200": {
                             "description": "the pruning decision",
-                            "content": {"application/json": {"schema": _object(
-                                {"prune": {"type": "boolean"}})}},
+                            "content": {"application/json": {"schema": {
+                                "type": "object", "required": ["batch_seconds", "prune"],
+                                "properties": {
+                                "prune": {"type": "boolean"},
+                                "step": {"type": "integer", "description":
+                                         "of a batch: the step the trial is pruned at"},
+                                "batch_seconds": {"type": "number", "description":
+                                                  "how long the trial may hold intermediate "
+                                                  "values to send them together"}}}}},
                         },
                         # 401 for any report no running attempt takes, whichever the
                         # reason (tuner.api.trials.refused); 404 only for a path that is no

@@ -20,6 +20,8 @@ from tuner.scheduling.objectives import BadReport
 
 #: At most this many metrics in one report, each name at most this long.
 MAX_METRICS, MAX_METRIC_NAME = 32, 128
+#: At most this many intermediate values in one report.
+MAX_STEPS = 1000
 
 
 def refused() -> ApiError:
@@ -82,10 +84,34 @@ class TrialTokenHandler(JsonHandler):
         return int(attempt)
 
 
+def _steps(raw: Any) -> list[tuple[int, float]]:
+    """A batch's ``steps`` ([{"step": n, "value": x}, ...], in the order they were made)."""
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_STEPS:
+        raise ApiError(400, f"steps: expected a list of 1 to {MAX_STEPS} objects with step and "
+                            "value", "steps")
+    out = []
+    for n, item in enumerate(raw):
+        step = item.get("step") if isinstance(item, dict) else None
+        value = _finite(item.get("value")) if isinstance(item, dict) else None
+        if not _small_int(step, 0) or value is None:
+            raise ApiError(400, f"steps[{n}]: expected a step from 0 to {MAX_ID} and a finite "
+                                f"value, got {item!r:.80}", f"steps[{n}]")
+        out.append((int(step), value))  # type: ignore[arg-type]
+    return out
+
+
 class ReportHandler(TrialTokenHandler):
+    """One value (``value``, with ``step`` for an intermediate one), a final report of several
+    metrics (``metrics``), or several intermediate values at once (``steps``). The answer:
+    ``prune`` (and, for a batch, the ``step`` it came at) and ``batch_seconds``, how long the
+    trial's SDK may hold intermediate values to send them together (0: answer each)."""
+
     async def post(self, trial_id: str) -> None:
         token = self.token()
         body = self.json_body()
+        if "steps" in body:
+            await self._batch(trial_id, token, body)
+            return
         metrics = _metrics(body.get("metrics"))
         value = _finite(body.get("value"))
         if metrics is not None and value is None:
@@ -116,7 +142,36 @@ class ReportHandler(TrialTokenHandler):
             return
         except BadReport as exc:
             raise ApiError(400, str(exc), exc.field) from None
-        self.send({"prune": prune})
+        self.send({"prune": prune, "batch_seconds": self.engine.batch_seconds(tid)})
+
+    async def _batch(self, trial_id: str, token: str, body: dict[str, Any]) -> None:
+        for alone in ("value", "step", "metrics"):
+            if alone in body:
+                raise ApiError(400, f"{alone}: not with steps (a batch holds intermediate "
+                                    "values only)", alone)
+        steps = _steps(body["steps"])
+        attempt = self.attempt(body)
+        last = body.get("last", False)
+        if not isinstance(last, bool):
+            raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
+        try:
+            tid = parse_id(trial_id, "")
+        except NotFound:
+            raise refused() from None
+        try:
+            pruned_at = await self.engine.report_steps_async(tid, token, attempt, steps, last)
+        except Unauthorized:
+            raise refused() from None
+        except NotFound:
+            await self._elsewhere(tid, token)
+            return
+        except BadReport as exc:
+            raise ApiError(400, str(exc), exc.field) from None
+        answer: dict[str, Any] = {"prune": pruned_at is not None,
+                                  "batch_seconds": self.engine.batch_seconds(tid)}
+        if pruned_at is not None:
+            answer["step"] = pruned_at
+        self.send(answer)
 
     async def _elsewhere(self, trial_id: int, token: str) -> None:
         """A report of a trial this tuner does not run (:mod:`tuner.api.report_routing`)."""

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tunehub_base.gpu_meter import UseMeter
+from tunehub_base.gpu_meter import UseMeter, number_setting
 from tunehub_base.gpu_usage import GpuReading
 from tunehub_base.settings import Settings
 from tuner.backends._base import Backend, TrialEvent
@@ -152,6 +152,42 @@ class SweepHost:
             await asyncio.wrap_future(self.report_writer.submit(taken.row))
             taken.written()
         return self._answered(trial_id, step, value, taken, began)
+
+    async def report_steps_async(
+        self, trial_id: int, token: str, attempt: int, steps: list[tuple[int, float]],
+        last: bool = False,
+    ) -> int | None:
+        """Several intermediate values of one attempt in one request, in their order (a trial
+        that batches its reports, :func:`tuner.sdk.training.report`): each judged as if sent
+        alone, all committed together. Returns the step the trial is pruned at, or None; the
+        steps after it are not taken (the trial would not have made them). ``last``: the
+        batch's last step is the trial's final one."""
+        began = time.perf_counter()
+        taken: list[tuple[int, float, TakenReport]] = []
+        for n, (step, value) in enumerate(steps):
+            judged = self._take(trial_id, token, attempt, value, step,
+                                last and n == len(steps) - 1, None)
+            taken.append((step, value, judged))
+            if judged.pruned:
+                break
+        rows = [judged for _, _, judged in taken if judged.row is not None]
+        for future in [self.report_writer.submit(judged.row) for judged in rows
+                       if judged.row is not None]:
+            await asyncio.wrap_future(future)
+        for judged in rows:
+            judged.written()
+        for step, value, judged in taken:
+            self._answered(trial_id, step, value, judged, began)
+        final = taken[-1]
+        return final[0] if final[2].pruned else None
+
+    def batch_seconds(self, trial_id: int) -> float:
+        """How long this trial's SDK may hold intermediate values (0: none): only a sweep
+        whose answers are always "go on" lets it, since a held value's answer comes late."""
+        controller = self._by_trial.get(trial_id)
+        if controller is None or controller.spec.prunes:
+            return 0.0
+        return number_setting("TUNEHUB_REPORT_BATCH_SECONDS")
 
     def _take(
         self, trial_id: int, token: str, attempt: int, value: float, step: int | None,

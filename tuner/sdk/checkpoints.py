@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tuner.sdk.training import ENV_CHECKPOINT_DIR, is_chief
+from tuner.sdk.training import ENV_CHECKPOINT_DIR, is_chief, send_held_reports
 
 #: The one checkpoint a trial keeps (the latest).
 CHECKPOINT_FILE = "checkpoint.pkl"
@@ -87,6 +87,7 @@ def checkpoint(state: dict[str, Any], step: int) -> None:
     step = int(step)
     if not is_chief():
         return
+    send_held_reports()  # the steps up to this checkpoint are the tuner's before it is saved
     # Two pickles in one file: a small header first, so the step is read without the state.
     payload = (pickle.dumps({"format": _FORMAT, "step": step}, protocol=pickle.HIGHEST_PROTOCOL)
                + pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))

@@ -10,6 +10,8 @@ Only the standard library is imported here so a trial starts fast.
 
 from __future__ import annotations
 
+import atexit
+
 # The report's connect encodes the API's host name with the idna codec, which imports three
 # modules (unicodedata among them) on first use: imported here, a warm-started trial finds them
 # in its zygote instead of loading them inside its report (5 ms of every trial's life).
@@ -18,6 +20,7 @@ import json
 import os
 import ssl
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -128,11 +131,75 @@ def report(value: float | dict[str, float], step: int | None = None, last: bool 
         body["value"] = float(value)
     if not in_trial() or not is_chief():
         return
+    if step is not None and not last and "value" in body and _held.hold(step, body["value"]):
+        return
+    _held.send()  # what is held goes first: the tuner takes a trial's values in order
+    if _held.pruned_at is not None:
+        raise Pruned(f"pruned at step {_held.pruned_at}")
     if last:
         body["last"] = True
     answer = _post(f"trials/{os.environ[ENV_TRIAL_ID]}/report", body)
+    _held.seconds = float(answer.get("batch_seconds") or 0)
     if answer.get("prune"):
         raise Pruned(f"pruned at step {step}")
+
+
+class _HeldReports:
+    """Intermediate values held to be sent together (one request for many steps), where the
+    tuner allows it: its answer's ``batch_seconds`` (``TUNEHUB_REPORT_BATCH_SECONDS`` for a
+    sweep that never prunes, else 0). A value is held at most that long (a timer thread sends
+    what is held then), and what is held is sent before any other report, a checkpoint
+    (:func:`tuner.checkpoint`) and the process's exit; a trial killed outright loses what it
+    held (at most ``batch_seconds`` of intermediate values, never its final result)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0  # until the tuner's first answer: each value sent at once
+        self.steps: list[dict[str, Any]] = []
+        self.lock = threading.RLock()
+        self.timer: threading.Timer | None = None
+        self.pruned_at: int | None = None
+        self.registered = False
+
+    def hold(self, step: int, value: float) -> bool:
+        """Keep ``value`` to send with others; False when values are sent at once."""
+        if self.pruned_at is not None:
+            raise Pruned(f"pruned at step {self.pruned_at}")
+        if self.seconds <= 0:
+            return False
+        with self.lock:
+            self.steps.append({"step": int(step), "value": float(value)})
+            if not self.registered:
+                atexit.register(self.send)
+                self.registered = True
+            if self.timer is None:
+                self.timer = threading.Timer(self.seconds, self.send)
+                self.timer.daemon = True
+                self.timer.start()
+        return True
+
+    def send(self) -> None:
+        """Send what is held now (one request, its steps in order)."""
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            steps, self.steps = self.steps, []
+            if not steps:
+                return
+            answer = _post(f"trials/{os.environ[ENV_TRIAL_ID]}/report", {
+                "steps": steps, "attempt": int(os.environ.get(ENV_ATTEMPT, "1"))})
+            self.seconds = float(answer.get("batch_seconds") or 0)
+            if answer.get("prune"):
+                self.pruned_at = int(answer.get("step", steps[-1]["step"]))
+
+
+_held = _HeldReports()
+
+
+def send_held_reports() -> None:
+    """Send the intermediate values this trial holds (before a checkpoint: a resumed attempt
+    starts after the checkpoint's step, so nothing before it may be left unsent)."""
+    _held.send()
 
 
 def save_model(model: Any, name: str = "model") -> Path:

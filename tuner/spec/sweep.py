@@ -361,6 +361,12 @@ class SweepSpec:
     def multi_objective(self) -> bool:
         return len(self.objectives) > 1
 
+    @property
+    def prunes(self) -> bool:
+        """Whether a report can ever be answered "stop" (a multi-objective sweep is never
+        pruned: Optuna cannot prune one)."""
+        return self.pruner.type != "none" and not self.multi_objective
+
     def serving_figures(self) -> bool:
         """Whether the sweep uses the serving figures tunehub measures (as objectives or in
         its budget): only then is every saved model measured."""

@@ -140,11 +140,25 @@ def _run_child(request: dict[str, Any], sock: socket.socket, gate: int, report: 
         code = 1
     finally:
         try:
+            _send_held_reports()
             _report_imports(clock, report)
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _send_held_reports() -> None:
+    """What the trial's SDK still holds (:func:`tuner.sdk.training.send_held_reports`), sent
+    before the child leaves with ``os._exit``, which runs no ``atexit`` handler (a cold-started
+    trial's interpreter sends it from one)."""
+    training = sys.modules.get("tuner.sdk.training")
+    if training is None:
+        return
+    try:
+        training.send_held_reports()
+    except Exception:
+        traceback.print_exc()  # into the trial's log: its last values did not reach the tuner
 
 
 def _preload(modules: list[str]) -> None:
