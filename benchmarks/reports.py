@@ -195,7 +195,6 @@ class TrialLoad:
     last: float = 0.0
     pruned: int = 0
     values: int = 0  # values the requests carried (several in a batch)
-    held_since: float = 0.0  # when the oldest value held was made
 
 
 async def _trial(port: int, load: TrialLoad, steps: int, go: asyncio.Event,
@@ -216,43 +215,49 @@ async def _trial(port: int, load: TrialLoad, steps: int, go: asyncio.Event,
             f"Authorization: Bearer {load.token}\r\n").encode()
     window = 0.0
     held: list[dict[str, Any]] = []
+    one_at_a_time = asyncio.Lock()  # one request at a time on the connection, in order
+    timers: list[asyncio.Task[None]] = []
 
     async def post(body: dict[str, Any]) -> None:
         nonlocal reader, writer, window
-        data = json.dumps(body).encode()
-        t0 = time.perf_counter()
-        if not load.first:
-            load.first = t0
-        try:
-            writer.write(head + b"Content-Length: %d\r\n\r\n" % len(data) + data)
-            status, answer, close = await _response(reader)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            errors[f"connection: {type(exc).__name__}"] += 1
-            close, status = True, 0
-        t1 = time.perf_counter()
-        load.latencies.append(t1 - t0)
-        load.last = t1
-        values = body.get("steps") or [body]
-        if status == 200:
-            for item in values:
-                load.sent[item["step"]] = item["value"]
-            reply = json.loads(answer)
-            window = float(reply.get("batch_seconds") or 0) if holds else 0.0
-            if reply.get("prune"):
-                load.pruned += 1  # counted; the curve goes on (the check wants all steps)
-        elif status:
-            errors[str(status)] += 1
-        load.values += len(values)
-        if close:
-            writer.close()
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        async with one_at_a_time:
+            data = json.dumps(body).encode()
+            t0 = time.perf_counter()
+            if not load.first:
+                load.first = t0
+            try:
+                writer.write(head + b"Content-Length: %d\r\n\r\n" % len(data) + data)
+                status, answer, close = await _response(reader)
+            except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+                errors[f"connection: {type(exc).__name__}"] += 1
+                close, status = True, 0
+            t1 = time.perf_counter()
+            load.latencies.append(t1 - t0)
+            load.last = t1
+            values = body.get("steps") or [body]
+            if status == 200:
+                for item in values:
+                    load.sent[item["step"]] = item["value"]
+                reply = json.loads(answer)
+                window = float(reply.get("batch_seconds") or 0) if holds else 0.0
+                if reply.get("prune"):
+                    load.pruned += 1  # counted; the curve goes on (the check wants all steps)
+            elif status:
+                errors[str(status)] += 1
+            load.values += len(values)
+            if close:
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
 
     async def send_held() -> None:
-        load.held_since = 0.0
         if held:
             batch = list(held)
             held.clear()
             await post({"steps": batch, "attempt": load.attempt})
+
+    async def timer(seconds: float) -> None:
+        await asyncio.sleep(seconds)  # the SDK's timer: held values go when the oldest is due
+        await send_held()
 
     await go.wait()
     if offset:
@@ -262,9 +267,10 @@ async def _trial(port: int, load: TrialLoad, steps: int, go: asyncio.Event,
             made = time.perf_counter()
             value = value_at(step)
             if window > 0 and step < steps:
+                # Held: the training loop goes on at once; a timer sends what is held.
+                if not held:
+                    timers.append(asyncio.ensure_future(timer(window)))
                 held.append({"step": step, "value": value})
-                if not load.held_since:
-                    load.held_since = made
             else:
                 await send_held()
                 body: dict[str, Any] = {"step": step, "attempt": load.attempt, "value": value}
@@ -272,17 +278,13 @@ async def _trial(port: int, load: TrialLoad, steps: int, go: asyncio.Event,
                     body["last"] = True  # as the Keras callback's last epoch says
                 await post(body)
             if interval and step < steps:
-                # The next epoch's report, ``interval`` after this one was made; what is held
-                # goes when the oldest of it is ``window`` old (the SDK's timer).
-                following = made + interval
-                if held and load.held_since + window < following:
-                    await asyncio.sleep(max(0.0, load.held_since + window - time.perf_counter()))
-                    await send_held()
-                await asyncio.sleep(max(0.0, following - time.perf_counter()))
-            elif held and time.perf_counter() - load.held_since >= window:
-                await send_held()
+                # The next epoch's report, ``interval`` after this one was made.
+                await asyncio.sleep(max(0.0, made + interval - time.perf_counter()))
         await send_held()
+        await asyncio.gather(*timers)
     finally:
+        for t in timers:
+            t.cancel()
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()

@@ -155,13 +155,15 @@ class _HeldReports:
     def __init__(self) -> None:
         self.seconds = 0.0  # until the tuner's first answer: each value sent at once
         self.steps: list[dict[str, Any]] = []
-        self.lock = threading.RLock()
+        self.lock = threading.Lock()  # the values held (taken briefly: holding never waits)
+        self.sending = threading.Lock()  # one request at a time, so they arrive in order
         self.timer: threading.Timer | None = None
         self.pruned_at: int | None = None
         self.registered = False
 
     def hold(self, step: int, value: float) -> bool:
-        """Keep ``value`` to send with others; False when values are sent at once."""
+        """Keep ``value`` to send with others; False when values are sent at once. Never
+        waits for a request under way (the timer's send runs in its own thread)."""
         if self.pruned_at is not None:
             raise Pruned(f"pruned at step {self.pruned_at}")
         if self.seconds <= 0:
@@ -178,12 +180,14 @@ class _HeldReports:
         return True
 
     def send(self) -> None:
-        """Send what is held now (one request, its steps in order)."""
-        with self.lock:
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-            steps, self.steps = self.steps, []
+        """Send what is held now (one request, its steps in order), after any request already
+        under way."""
+        with self.sending:
+            with self.lock:
+                if self.timer is not None:
+                    self.timer.cancel()
+                    self.timer = None
+                steps, self.steps = self.steps, []
             if not steps:
                 return
             answer = _post(f"trials/{os.environ[ENV_TRIAL_ID]}/report", {
