@@ -479,8 +479,15 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
                                  self.user.name, exc)
         self.gpu_holdings = {}
 
+    async def stop(self, now: bool = False) -> None:
+        await super().stop(now=now)
+        if self.network_fence:  # what it started ends too, off the hub's event loop
+            await asyncio.to_thread(self._end_server_group)
+
     def clear_state(self) -> None:
-        """The server is gone (stopped, died, or never started): so is all it started."""
+        """The server is gone (stopped, died, or never started): so is all it started (a
+        stopped server's group is gone already, :meth:`stop`; this ends the group of one found
+        dead or never started)."""
         if self.network_fence:
             self._end_server_group()
         if self.gpu_holdings:

@@ -169,7 +169,8 @@ def end_group(group: Path) -> bool:
         except FileNotFoundError:
             return True  # no such group
         if "populated 0" in events:
-            group.rmdir()
+            with contextlib.suppress(FileNotFoundError):  # ended by another call meanwhile
+                group.rmdir()
             return True
         if time.monotonic() > deadline:
             return False

@@ -10,21 +10,10 @@ from pathlib import Path
 import optuna
 
 from tests.conftest import Home
-from tests.sweeps_helpers import parse_json, write_sweep
+from tests.sweeps_helpers import TRIAL_POST, parse_json, write_sweep
 
-PROBE = """
-import json, os, pathlib, urllib.request, urllib.error, tuner
-
-def post(body):
-    url = os.environ["TUNEHUB_API_URL"] + f"api/v1/trials/{os.environ['TUNEHUB_TRIAL_ID']}/report"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
-        "Authorization": f"Bearer {os.environ['TUNEHUB_TRIAL_TOKEN']}",
-        "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+PROBE = TRIAL_POST + """
+import pathlib, tuner
 
 x = tuner.params()["x"]
 results = {

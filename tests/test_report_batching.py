@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import Home
-from tests.sweeps_helpers import parse_json, write_sweep
+from tests.sweeps_helpers import TRIAL_POST, parse_json, write_sweep
 
 # Counts the requests the SDK makes while it reports 60 steps as fast as it can, then checks
 # that a checkpoint leaves nothing held.
@@ -79,19 +79,8 @@ def test_a_sweep_that_prunes_answers_every_value_at_once(
 # batches, then posts one batch of 10 steps that follows the curve up to step 4 and stays at 4
 # (Optuna's median pruner compares a trial's best value so far with the median of the others
 # at that step: from step 5 on, 4 is worse than the only other trial's).
-BATCH = """
-import json, os, pathlib, urllib.request, urllib.error, tuner
-
-def post(body):
-    url = os.environ["TUNEHUB_API_URL"] + f"api/v1/trials/{os.environ['TUNEHUB_TRIAL_ID']}/report"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
-        "Authorization": f"Bearer {os.environ['TUNEHUB_TRIAL_TOKEN']}",
-        "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+BATCH = TRIAL_POST + """
+import pathlib, tuner
 
 if os.environ["TUNEHUB_TRIAL_NUMBER"] == "0":
     for step in range(10):

@@ -9,6 +9,7 @@ number that names nothing all read the same, so the route never tells which tria
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tunehub_base.gpu_usage import GpuReading
@@ -100,6 +101,18 @@ def _steps(raw: Any) -> list[tuple[int, float]]:
     return out
 
 
+def _last(body: dict[str, Any]) -> bool:
+    """Whether the report's (last) step is the trial's final one: never pruned there."""
+    last = body.get("last", False)
+    if not isinstance(last, bool):
+        raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
+    return last
+
+
+#: Judges a report for the trial numbered by its argument: the step it is pruned at, or None.
+Judge = Callable[[int], Awaitable["int | None"]]
+
+
 class ReportHandler(TrialTokenHandler):
     """One value (``value``, with ``step`` for an intermediate one), a final report of several
     metrics (``metrics``), or several intermediate values at once (``steps``). The answer:
@@ -110,7 +123,7 @@ class ReportHandler(TrialTokenHandler):
         token = self.token()
         body = self.json_body()
         if "steps" in body:
-            await self._batch(trial_id, token, body)
+            await self._judged(trial_id, token, self._batch(body, token), True)
             return
         metrics = _metrics(body.get("metrics"))
         value = _finite(body.get("value"))
@@ -124,17 +137,39 @@ class ReportHandler(TrialTokenHandler):
         if step is not None and not _small_int(step, 0):
             raise ApiError(400, f"step: expected an integer from 0 to {MAX_ID}, got {step!r:.80}",
                            "step")
-        attempt = self.attempt(body)
-        last = body.get("last", False)
-        if not isinstance(last, bool):
-            raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
+        attempt, last = self.attempt(body), _last(body)
+
+        async def judge(tid: int) -> int | None:
+            pruned = await self.engine.report_async(tid, token, attempt, value, step, last=last,
+                                                    metrics=metrics)
+            return step if pruned else None
+
+        await self._judged(trial_id, token, judge, False)
+
+    def _batch(self, body: dict[str, Any], token: str) -> Judge:
+        """A batch's judge: its values, checked, for the controller."""
+        for alone in ("value", "step", "metrics"):
+            if alone in body:
+                raise ApiError(400, f"{alone}: not with steps (a batch holds intermediate "
+                                    "values only)", alone)
+        steps = _steps(body["steps"])
+        attempt, last = self.attempt(body), _last(body)
+
+        async def judge(tid: int) -> int | None:
+            return await self.engine.report_steps_async(tid, token, attempt, steps, last)
+
+        return judge
+
+    async def _judged(self, trial_id: str, token: str, judge: Judge, batch: bool) -> None:
+        """The report judged by its trial's controller (``judge``: the step the trial is
+        pruned at, or None) and answered; refused alike for any attempt not running, sent on
+        to the replica that runs the trial where it runs elsewhere."""
         try:
             tid = parse_id(trial_id, "")
         except NotFound:
             raise refused() from None
         try:
-            prune = await self.engine.report_async(tid, token, attempt, value, step,
-                                                   last=last, metrics=metrics)
+            pruned_at = await judge(tid)
         except Unauthorized:
             raise refused() from None
         except NotFound:  # not running here: perhaps on another replica
@@ -142,34 +177,9 @@ class ReportHandler(TrialTokenHandler):
             return
         except BadReport as exc:
             raise ApiError(400, str(exc), exc.field) from None
-        self.send({"prune": prune, "batch_seconds": self.engine.batch_seconds(tid)})
-
-    async def _batch(self, trial_id: str, token: str, body: dict[str, Any]) -> None:
-        for alone in ("value", "step", "metrics"):
-            if alone in body:
-                raise ApiError(400, f"{alone}: not with steps (a batch holds intermediate "
-                                    "values only)", alone)
-        steps = _steps(body["steps"])
-        attempt = self.attempt(body)
-        last = body.get("last", False)
-        if not isinstance(last, bool):
-            raise ApiError(400, f"last: expected true or false, got {last!r:.80}", "last")
-        try:
-            tid = parse_id(trial_id, "")
-        except NotFound:
-            raise refused() from None
-        try:
-            pruned_at = await self.engine.report_steps_async(tid, token, attempt, steps, last)
-        except Unauthorized:
-            raise refused() from None
-        except NotFound:
-            await self._elsewhere(tid, token)
-            return
-        except BadReport as exc:
-            raise ApiError(400, str(exc), exc.field) from None
         answer: dict[str, Any] = {"prune": pruned_at is not None,
                                   "batch_seconds": self.engine.batch_seconds(tid)}
-        if pruned_at is not None:
+        if batch and pruned_at is not None:
             answer["step"] = pruned_at
         self.send(answer)
 

@@ -170,12 +170,12 @@ class SweepHost:
             taken.append((step, value, judged))
             if judged.pruned:
                 break
-        rows = [judged for _, _, judged in taken if judged.row is not None]
-        for future in [self.report_writer.submit(judged.row) for judged in rows
-                       if judged.row is not None]:
+        futures = [self.report_writer.submit(judged.row) for _, _, judged in taken
+                   if judged.row is not None]
+        for future in futures:
             await asyncio.wrap_future(future)
-        for judged in rows:
-            judged.written()
+        for _, _, judged in taken:
+            judged.written()  # nothing for a judged report without a row
         for step, value, judged in taken:
             self._answered(trial_id, step, value, judged, began)
         final = taken[-1]
