@@ -36,7 +36,7 @@ import math
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,15 @@ from traitlets import Bool, Dict, Float, List, Unicode, default
 from hub import internal_tls, network_fence
 from hub.gpu_wait import PoolQueueClient
 from hub.spawn_refused import SpawnRefused
-from tunehub_base import unix_users
+from tunehub_base import landlock, unix_users
 from tunehub_base.gpu_holders import Holder, HolderBook
 from tunehub_base.gpus import GpuPool, discover_gpus
 from tunehub_base.options import setting
 from tunehub_base.unix_users import UnixUser, UnixUsers
 
 ISLANDS = setting("TUNEHUB_NETWORK_ISLANDS")
+#: The hub says once that abstract Unix sockets are not fenced on this kernel.
+_SAID_NO_LANDLOCK = False
 
 
 def default_profiles(gpu_count: int) -> list[dict[str, Any]]:
@@ -100,9 +102,11 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
     network_fence = Bool(
         help="""Fence each person's notebook processes on the machine's network
         (:mod:`hub.network_fence`): what they listen on takes new connections from that person
-        and the platform (root) only. Needs ``unix_users``; default: on with it, unless
-        ``TUNEHUB_NETWORK_ISLANDS=0`` (which turns the trials' islands off too). Where the
-        fence cannot be made, the server is refused with the reason.""",
+        and the platform (root) only, and each server's abstract Unix sockets are reached only
+        from inside it (:mod:`tunehub_base.landlock`, where the kernel has Landlock ABI 6).
+        Needs ``unix_users``; default: on with it, unless ``TUNEHUB_NETWORK_ISLANDS=0`` (which
+        turns the trials' islands off too). Where the fence cannot be made, the server is
+        refused with the reason.""",
     ).tag(config=True)
 
     tls_dir = Unicode(
@@ -152,6 +156,7 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         self._withdrawal: asyncio.Future[None] | None = None
         #: The person's group of the network fence, for the server's pre-exec step.
         self._fence_procs: Path | None = None
+        self._abstract_sockets_scope: Callable[[], None] | None = None
 
     @default("unix_users")
     def _default_unix_users(self) -> bool:
@@ -266,11 +271,13 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         if not self.unix_users:
             return chdir_home
         drop = unix_users.privilege_dropper(self._owner)
-        fence = self._fence_procs
+        fence, scope = self._fence_procs, self._abstract_sockets_scope
 
         def preexec() -> None:
             if fence is not None:
                 network_fence.enter(fence)  # as root, before anything of the person's runs
+            if scope is not None:
+                scope()  # as root too (no no_new_privs needed, so sudo still works)
             drop()
             chdir_home()
 
@@ -374,6 +381,7 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         profile = self.chosen_profile()
         self._prepare_home()
         self._fence_procs = await self._fence() if self.network_fence else None
+        self._abstract_sockets_scope = self._abstract_scope() if self.network_fence else None
         gpus, fds = await self._take_gpus(int(profile.get("gpus") or 0))
         self.environment = {**self.environment, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
         self.popen_kwargs = {**self.popen_kwargs, "pass_fds": tuple(fds)}
@@ -388,6 +396,18 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         self.log.info("server for %s: profile %s, GPUs %s", self.user.name, profile["slug"],
                       gpus or "none")
         return result
+
+    def _abstract_scope(self) -> Callable[[], None] | None:
+        """The server's own Landlock domain for abstract Unix sockets; where the kernel has
+        none (before Linux 6.12) the server still starts, and the hub says so once."""
+        scope = landlock.abstract_socket_scoper()
+        global _SAID_NO_LANDLOCK
+        if scope is None and not _SAID_NO_LANDLOCK:
+            _SAID_NO_LANDLOCK = True
+            self.log.warning(
+                "this kernel has no Landlock ABI 6 (Linux 6.12): a notebook's abstract Unix "
+                "sockets can be reached by other people's notebooks (TCP and UDP are fenced)")
+        return scope
 
     async def _fence(self) -> Path:
         """The person's group of the network fence, the fence's table rewritten for it."""

@@ -31,9 +31,10 @@ person's uid) and rewritten whole, under a lock, at every server start: hubs sha
 the table is undone at the next start. Groups are never removed: an empty one costs nothing,
 and removing one could race with a server being placed in it.
 
-Not covered: abstract Unix sockets (they have no file and no permission; nothing of the platform
-uses them), and a person's own trials, which are islands and so do not reach their notebook's
-listeners either. ``TUNEHUB_NETWORK_ISLANDS=0`` turns this off with the trials' islands.
+Abstract Unix sockets (no file, no permission) are invisible to nftables: each server also
+enters a Landlock domain of its own (:mod:`tunehub_base.landlock`). A person's own trials are
+islands and so do not reach their notebook's listeners either. ``TUNEHUB_NETWORK_ISLANDS=0``
+turns this off with the trials' islands.
 """
 
 from __future__ import annotations

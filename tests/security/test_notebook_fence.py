@@ -2,10 +2,11 @@
 from a notebook instead of a trial), on a real ``tunehub up`` as root with two people's Unix
 users.
 
-A cell of alice's listens (TCP on all IPv4 addresses, TCP on ``::1``, UDP on loopback, and her
-kernel's own ZMQ ports, which JupyterLab uses); so does bob's. Tried from bob's notebook, from a
-process of bob's Unix user outside any notebook, and from alice's notebook the other way round:
-refused, on loopback and on the machine's own address. Alice's other kernel and the platform
+A cell of alice's listens (TCP on all IPv4 addresses, TCP on ``::1``, UDP on loopback, an
+abstract Unix socket, and her kernel's own ZMQ ports, which JupyterLab uses); so does bob's.
+Tried from bob's notebook, from a process of bob's Unix user outside any notebook, and from
+alice's notebook the other way round: refused, on loopback and on the machine's own address
+(the abstract socket: from the other notebook only). Alice's other kernel and the platform
 (root, where the hub, the proxy and the tuner run) still get in. Alice's processes are in her
 group of the fence (``tunehub-people/<uid>``), where root put her server before it ran.
 """
@@ -49,13 +50,16 @@ v4.bind(("0.0.0.0", 0))
 v6.bind(("::1", 0))
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 udp.bind(("127.0.0.1", 0))
-for sock in (v4, v6):
+unix = socket.socket(socket.AF_UNIX)
+unix.bind("\\0tunehub-fence-{name}-%d" % os.getpid())
+for sock in (v4, v6, unix):
     sock.listen(16)
     threading.Thread(target=serve, args=(sock,), daemon=True).start()
 threading.Thread(target=echo, args=(udp,), daemon=True).start()
 kernel = json.loads(get_connection_info())
 print(json.dumps({{"v4": v4.getsockname()[1], "v6": v6.getsockname()[1],
                    "udp": udp.getsockname()[1], "shell": kernel["shell_port"],
+                   "unix": unix.getsockname().decode(errors="replace"),
                    "cgroup": open("/proc/self/cgroup").read(), "uid": os.getuid()}}))
 """
 
@@ -68,6 +72,14 @@ def tcp(host, port):
             return conn.recv(64).decode(errors="replace") or "connected"
     except OSError as exc:
         return type(exc).__name__
+def unix(name):
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(5)
+    try:
+        sock.connect(name.encode())
+        return sock.recv(64).decode(errors="replace") or "connected"
+    except OSError as exc:
+        return type(exc).__name__
 def udp(port):
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.settimeout(3)
@@ -78,7 +90,8 @@ def udp(port):
         return type(exc).__name__
 ports, address = {ports}, {address!r}
 seen = {{"v4 loopback": tcp("127.0.0.1", ports["v4"]), "v6 loopback": tcp("::1", ports["v6"]),
-         "udp": udp(ports["udp"]), "kernel": tcp("127.0.0.1", ports["shell"])}}
+         "udp": udp(ports["udp"]), "kernel": tcp("127.0.0.1", ports["shell"]),
+         "abstract unix": unix(ports["unix"])}}
 if address:
     seen["v4 machine"] = tcp(address, ports["v4"])
 print(json.dumps(seen))
@@ -124,7 +137,8 @@ def test_what_a_notebook_listens_on_only_its_person_and_the_platform_reach(
         return tried(run_cell(platform, who, tokens[who],
                               TRY.format(ports=ports[target], address=address)))
 
-    everything = ["v4 loopback", "v6 loopback", "udp", "kernel"] + (["v4 machine"] * bool(address))
+    everything = (["v4 loopback", "v6 loopback", "udp", "kernel", "abstract unix"]
+                  + ["v4 machine"] * bool(address))
     refused = dict.fromkeys(everything, "refused")
     # Another person's notebook, either way round: nothing of theirs.
     assert attempt("bob", "alice") == refused
@@ -142,7 +156,9 @@ def test_what_a_notebook_listens_on_only_its_person_and_the_platform_reach(
                                                                   address=address)],
                             capture_output=True, text=True, timeout=120, check=True, cwd="/",
                             preexec_fn=privilege_dropper(users.require("bob")))
-    assert tried(json.loads(as_bob.stdout)) == refused
+    # (Abstract Unix sockets are fenced by each server's Landlock domain, which a process
+    # started outside any notebook is not in: README, "Who sees what".)
+    assert tried(json.loads(as_bob.stdout)) == {**refused, "abstract unix": "secret"}
 
     # A job alice left running on its own (a new session, its parent gone: it would go on
     # using her server's GPUs) ends with her server, and so does her server's group.
