@@ -41,18 +41,22 @@ from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
-from traitlets import Bool, Dict, Float, List, Unicode, default
+from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default
 
-from hub import internal_tls, network_fence
+from hub import internal_tls, network_fence, server_limits
 from hub.gpu_wait import PoolQueueClient
 from hub.spawn_refused import SpawnRefused
 from tunehub_base import landlock, unix_users
+from tunehub_base.cgroups.base import BoundedGroup, Bounds
 from tunehub_base.gpu_holders import Holder, HolderBook
 from tunehub_base.gpus import GpuPool, discover_gpus
 from tunehub_base.options import setting
 from tunehub_base.unix_users import UnixUser, UnixUsers
 
 ISLANDS = setting("TUNEHUB_NETWORK_ISLANDS")
+SERVER_MEMORY = setting("TUNEHUB_SERVER_MEMORY")
+SERVER_CPU = setting("TUNEHUB_SERVER_CPU")
+SERVER_PIDS = setting("TUNEHUB_SERVER_PIDS")
 #: The hub says once that abstract Unix sockets are not fenced on this kernel.
 _SAID_NO_LANDLOCK = False
 
@@ -109,6 +113,20 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         refused with the reason.""",
     ).tag(config=True)
 
+    server_limits = Bool(
+        help="""Bound each server and all it starts (:mod:`hub.server_limits`, cgroups): its
+        memory by ``mem_limit``, its CPU by ``cpu_limit`` (JupyterHub's own options, which
+        ``group_overrides`` can set per hub group) and its processes and threads by
+        ``pids_limit``. Needs ``unix_users``; default: on with it. Where the machine cannot
+        bound a server, it is refused with the reason.""",
+    ).tag(config=True)
+
+    pids_limit = Int(
+        help="""Processes and threads a server and all it starts may have at once (its
+        group's ``pids.max``): a fork bomb in one notebook stops there, not at the machine's
+        limit, which the hub and everyone else share. Default: ``TUNEHUB_SERVER_PIDS``.""",
+    ).tag(config=True)
+
     tls_dir = Unicode(
         help="""With internal TLS: the root-owned directory servers' certificates are handed
         over in (:func:`hub.internal_tls.hand_over`), instead of JupyterHub's ``~/.jupyterhub``
@@ -157,6 +175,8 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         #: The person's group of the network fence, for the server's pre-exec step.
         self._fence_procs: Path | None = None
         self._abstract_sockets_scope: Callable[[], None] | None = None
+        #: The server's bounded group (:mod:`hub.server_limits`), for the pre-exec step.
+        self._bounded_group: BoundedGroup | None = None
 
     @default("unix_users")
     def _default_unix_users(self) -> bool:
@@ -184,6 +204,26 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
     @default("network_fence")
     def _default_network_fence(self) -> bool:
         return self.unix_users and ISLANDS.on()
+
+    @default("server_limits")
+    def _default_server_limits(self) -> bool:
+        return self.unix_users
+
+    @default("pids_limit")
+    def _default_pids_limit(self) -> int:
+        return SERVER_PIDS.number()
+
+    @default("mem_limit")
+    def _default_mem_limit(self) -> str | None:
+        return SERVER_MEMORY.read()  # parsed by the trait ("8G"); a bad one: see _bound
+
+    @default("cpu_limit")
+    def _default_cpu_limit(self) -> float | None:
+        value = SERVER_CPU.read()
+        try:
+            return float(value) if value else None
+        except ValueError:
+            raise TraitError(f"{SERVER_CPU.env}: expected cores, got {value!r}") from None
 
     @default("gpu_lock_dir")
     def _default_gpu_lock_dir(self) -> str:
@@ -272,10 +312,13 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
             return chdir_home
         drop = unix_users.privilege_dropper(self._owner)
         fence, scope = self._fence_procs, self._abstract_sockets_scope
+        bounded = self._bounded_group
 
         def preexec() -> None:
             if fence is not None:
                 network_fence.enter(fence)  # as root, before anything of the person's runs
+            if bounded is not None:
+                bounded.place(0)
             if scope is not None:
                 scope()  # as root too (no no_new_privs needed, so sudo still works)
             drop()
@@ -382,6 +425,7 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         self._prepare_home()
         self._fence_procs = await self._fence() if self.network_fence else None
         self._abstract_sockets_scope = self._abstract_scope() if self.network_fence else None
+        self._bounded_group = await self._bound() if self.server_limits else None
         gpus, fds = await self._take_gpus(int(profile.get("gpus") or 0))
         self.environment = {**self.environment, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
         self.popen_kwargs = {**self.popen_kwargs, "pass_fds": tuple(fds)}
@@ -426,22 +470,52 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
                 log_message=f"no network fence for {self.user.name}'s server: {exc}",
             ) from None
 
-    def _end_server_group(self) -> None:
-        """Everything the server started (its double forks, ``nohup`` jobs) killed, its group
-        removed; what will not die is logged (and killed before the server's next start).
-        Found by the person and the server's name, so a server started before a hub restart
-        is ended too."""
-        self._fence_procs = None
-        owner = self._system_users().lookup(self.user.name)
+    async def _bound(self) -> BoundedGroup:
+        """The server's bounded group, made fresh with its limits."""
+        uid, server = self._owner.uid, self.name or ""
+
+        def make() -> BoundedGroup:
+            return server_limits.ServerLimits.open().make(uid, server, bounds)
+
         try:
-            fence = network_fence.NetworkFence.open()
-        except (network_fence.FenceUnavailable, OSError):
-            return  # no fence: its server was never placed in a group
+            bounds = Bounds(memory=self.mem_limit or None, cpu=self.cpu_limit or None,
+                            pids=self.pids_limit)
+            return await asyncio.to_thread(make)
+        except (server_limits.LimitsUnavailable, OSError, TraitError, ValueError) as exc:
+            raise SpawnRefused(
+                "your server was not started: its memory, CPU and processes could not be "
+                f"bounded ({exc}). Please tell an administrator.", reason="error",
+                status_code=503,
+                log_message=f"no bounded group for {self.user.name}'s server: {exc}",
+            ) from None
+
+    def _end_server_group(self) -> None:
+        """Everything the server started (its double forks, ``nohup`` jobs) killed, its groups
+        (the fence's, the limits') removed; what will not die is logged (and killed before
+        the server's next start). Found by the person and the server's name, so a server
+        started before a hub restart is ended too."""
+        self._fence_procs = self._bounded_group = None
+        owner = self._system_users().lookup(self.user.name)
         if owner is None:
             return
-        group = fence.server_group(owner.uid, self.name or "")
-        if not network_fence.end_group(group):
-            self.log.error("what %s's server started would not end: %s", self.user.name, group)
+        server = self.name or ""
+        if self.network_fence:
+            try:
+                group = network_fence.NetworkFence.open().server_group(owner.uid, server)
+            except (network_fence.FenceUnavailable, OSError):
+                pass  # no fence: its server was never placed in a group
+            else:
+                if not network_fence.end_group(group):
+                    self.log.error("what %s's server started would not end: %s",
+                                   self.user.name, group)
+        if self.server_limits:
+            try:
+                limits = server_limits.ServerLimits.open()
+            except (server_limits.LimitsUnavailable, OSError):
+                return  # never bounded
+            if not limits.end(owner.uid, server):
+                self.log.error("what %s's server started would not end: %s",
+                               self.user.name, limits.group(owner.uid, server).dirs)
 
     def _not_started(self, exc: OSError | subprocess.SubprocessError) -> SpawnRefused:
         """Why the server process could not even be started, for the person and the admin.
@@ -501,14 +575,14 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
 
     async def stop(self, now: bool = False) -> None:
         await super().stop(now=now)
-        if self.network_fence:  # what it started ends too, off the hub's event loop
+        if self.network_fence or self.server_limits:  # what it started ends too, off the loop
             await asyncio.to_thread(self._end_server_group)
 
     def clear_state(self) -> None:
         """The server is gone (stopped, died, or never started): so is all it started (a
         stopped server's group is gone already, :meth:`stop`; this ends the group of one found
         dead or never started)."""
-        if self.network_fence:
+        if self.network_fence or self.server_limits:
             self._end_server_group()
         if self.gpu_holdings:
             self._end_gpu_holdings()

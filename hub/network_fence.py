@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunehub_base.cgroup_mounts import MOUNTINFO, cgroup_mounts
+from tunehub_base.cgroups.mounts import MOUNTINFO, cgroup_mounts
 
 #: The parent of the people's groups, at the top of the v2 hierarchy.
 PEOPLE_GROUPS = "tunehub-people"
@@ -128,8 +128,7 @@ class NetworkFence:
     def server_group(self, uid: int, server: str) -> Path:
         """Where person ``uid``'s server ``server`` ("" for the default one) and all it starts
         live (below the person's group, so the person's fence covers it)."""
-        safe = "".join(c if c.isalnum() or c in "-_." else f"%{ord(c):x}" for c in server)
-        return self.groups / str(uid) / f"server-{safe}"
+        return self.groups / server_group_path(uid, server)
 
     def people(self) -> list[int]:
         """The uids that have a group."""
@@ -156,6 +155,13 @@ class NetworkFence:
             "  }\n"
             "}\n"
         )
+
+
+def server_group_path(uid: int, server: str) -> str:
+    """Person ``uid``'s server ``server``'s group below :data:`PEOPLE_GROUPS`, the same in
+    every hierarchy (the fence's v2 one, and the limits' v1 ones: :mod:`hub.server_limits`)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else f"%{ord(c):x}" for c in server)
+    return f"{uid}/server-{safe}"
 
 
 def end_group(group: Path) -> bool:

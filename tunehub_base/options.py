@@ -206,6 +206,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TUNEHUB_ATTEMPT_PIDS", "processes and threads each worker of a local attempt may "
             "have at once (its cgroup's `pids.max` is this × `resources.workers`)", "`4096`",
             value=4096),
+    Setting("TUNEHUB_SERVER_MEMORY", "as root with per-person Unix users: the memory each "
+            "notebook server and all it starts may use (JupyterHub's `mem_limit`, e.g. `8G`; "
+            "past it the kernel kills within that server), unset for no limit", "no limit"),
+    Setting("TUNEHUB_SERVER_CPU", "as root with per-person Unix users: the CPU cores each "
+            "notebook server may use (JupyterHub's `cpu_limit`, e.g. `2.5`), unset for no limit",
+            "no limit"),
+    Setting("TUNEHUB_SERVER_PIDS", "as root with per-person Unix users: processes and threads "
+            "each notebook server and all it starts may have at once (its cgroup's `pids.max`)",
+            "`4096`", value=4096),
     Setting("TUNEHUB_USERS_DIR", "people's own areas of the data store (`users/<name>`, made by "
             "the platform for each account); the chart sets it from `data.usersSubPath`",
             "`$TUNEHUB_DATA/users`"),

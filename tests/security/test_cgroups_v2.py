@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from hub.server_limits import LimitsUnavailable, ServerLimits
 from tests.polling import wait_for
+from tunehub_base.cgroups.base import Bounds
+from tunehub_base.cgroups.v1 import V1Hierarchy
+from tunehub_base.cgroups.v2 import V2Group, V2Hierarchy
 from tuner.backends.local import cgroups
-from tuner.backends.local.cgroups_base import Bounds
-from tuner.backends.local.cgroups_v1 import V1Hierarchy
-from tuner.backends.local.cgroups_v2 import V2Group, V2Hierarchy
 
 # Starts a session leader that forks a grandchild (the double fork a trial uses to escape its
 # process group) and prints both pids; all of them then sleep.
@@ -174,3 +175,38 @@ def test_neither_usable_is_none_with_every_reason(tmp_path: Path) -> None:
     hierarchy, said = cgroups.open_hierarchy(mountinfo, own)
     assert hierarchy is None
     assert "offers hugetlb of memory, cpu, pids" in said and "no v1 memory hierarchy" in said
+
+
+# --- notebook servers' groups (hub.server_limits): the same rule, the same files ----------
+
+def test_a_servers_group_is_v2_where_v2_offers_the_controllers(tmp_path: Path) -> None:
+    mountinfo, _ = _stand_in(tmp_path, "cpuset cpu io memory hugetlb pids", v1=True)
+    limits = ServerLimits.open(mountinfo)
+    people = tmp_path / "unified" / "tunehub-people"
+    assert limits.parents == {"unified": people}
+    group = limits.make(1001, "gpu one", Bounds(memory=None, cpu=2.0, pids=300))
+    d = people / "1001" / "server-gpu%20one"
+    assert group.dirs == [d]
+    assert {f.name: f.read_text() for f in d.iterdir()} == {
+        "memory.max": "max", "cpu.max": "200000 100000", "pids.max": "300"}
+    for level in (tmp_path / "unified", people, people / "1001"):  # delegated level by level
+        assert (level / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    assert not [p for c in ("memory", "cpu", "pids") for p in (tmp_path / c).iterdir()]
+
+
+def test_a_servers_group_is_v1_on_these_machines_and_says_why_there_is_none(
+        tmp_path: Path) -> None:
+    mountinfo, _ = _stand_in(tmp_path, "hugetlb", v1=True)
+    limits = ServerLimits.open(mountinfo)
+    limits.make(1001, "", Bounds(memory=2**30, cpu=None, pids=300))
+    where = Path("tunehub-people/1001/server-")
+    assert (tmp_path / "memory" / where / "memory.limit_in_bytes").read_text() == str(2**30)
+    assert (tmp_path / "cpu" / where / "cpu.cfs_quota_us").read_text() == "-1"
+    assert (tmp_path / "pids" / where / "pids.max").read_text() == "300"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    mountinfo, _ = _stand_in(bare, "hugetlb", v1=False)
+    with pytest.raises(LimitsUnavailable) as caught:
+        ServerLimits.open(mountinfo)
+    assert str(caught.value) == (f"cgroup v2 at {bare / 'unified'} offers hugetlb; "
+                                 "no v1 memory hierarchy mounted")

@@ -8,14 +8,18 @@ Tried from bob's notebook, from a process of bob's Unix user outside any noteboo
 alice's notebook the other way round: refused, on loopback and on the machine's own address
 (the abstract socket: from the other notebook only). Alice's other kernel and the platform
 (root, where the hub, the proxy and the tuner run) still get in. Alice's processes are in her
-group of the fence (``tunehub-people/<uid>``), where root put her server before it ran.
+group of the fence (``tunehub-people/<uid>``), where root put her server before it ran, and in
+her server's bounded groups (:mod:`hub.server_limits`): past its memory a process of hers is
+killed, past its processes a thread is refused, and both groups end with her server.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +27,12 @@ from pathlib import Path
 import pytest
 
 from hub.network_fence import FenceUnavailable, NetworkFence
+from hub.server_limits import ServerLimits
 from tests.hub_fixtures import Platform
 from tests.polling import wait_for
 from tests.test_hub_platform import Hub, login_token
 from tests.test_unix_users import run_cell
+from tunehub_base.cgroups.v1 import V1Group
 from tunehub_base.unix_users import UnixUsers, privilege_dropper
 
 pytestmark = [pytest.mark.slow]  # as root (per-person Unix users), as these machines run
@@ -98,6 +104,27 @@ print(json.dumps(seen))
 """
 
 
+# Past the server's memory and processes: what happened (run as alice, bounded at 1 GiB and
+# 300 processes and threads by the test's settings).
+EXCEED = """
+import json, subprocess, sys, threading
+hog = subprocess.run([sys.executable, "-c", "b = b'x' * (3 * 2**30)"], capture_output=True)
+release, started, error = threading.Event(), [], None
+try:
+    for _ in range(1000):
+        thread = threading.Thread(target=release.wait, daemon=True)
+        thread.start()
+        started.append(thread)
+except RuntimeError as exc:
+    error = str(exc)
+release.set()
+for thread in started:
+    thread.join()
+print(json.dumps({"cgroup": open("/proc/self/cgroup").read(), "hog": hog.returncode,
+                  "threads": len(started), "error": error}))
+"""
+
+
 def machine_address() -> str | None:
     """One of the machine's own IPv4 addresses other than loopback, if it has one."""
     out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=True)
@@ -115,9 +142,10 @@ def tried(result: dict[str, str]) -> dict[str, str]:
             for where, got in result.items()}
 
 
-def test_what_a_notebook_listens_on_only_its_person_and_the_platform_reach(
+def test_a_notebooks_listeners_reach_only_its_person_and_its_use_is_bounded(
         platform: Platform) -> None:
     assert os.geteuid() == 0, "this test needs root (the suite runs as root on this machine)"
+    platform.env.update(TUNEHUB_SERVER_MEMORY="1G", TUNEHUB_SERVER_PIDS="300")
     platform.start()
     admin = Hub(platform.url, login_token(platform.url, "admin", platform.password or ""))
     admin.call("POST", "hub/api/users", 201, json={"usernames": ["alice", "bob"]})
@@ -160,6 +188,20 @@ def test_what_a_notebook_listens_on_only_its_person_and_the_platform_reach(
     # started outside any notebook is not in: README, "Who sees what".)
     assert tried(json.loads(as_bob.stdout)) == {**refused, "abstract unix": "secret"}
 
+    # Alice's server is bounded (its own cgroups, by the settings): a process past its memory
+    # is killed by the kernel, a thread past its processes is refused; her kernel goes on.
+    limits = ServerLimits.open()
+    bounded = limits.group(users.require("alice").uid, "")
+    assert isinstance(bounded, V1Group)  # these machines: v1 controllers only
+    assert (bounded.by_controller["memory"] / "memory.limit_in_bytes").read_text() == "1073741824\n"
+    exceeded = run_cell(platform, "alice", tokens["alice"], EXCEED)
+    assert exceeded["hog"] == -signal.SIGKILL, exceeded
+    assert exceeded["error"] == "can't start new thread" and exceeded["threads"] < 300, exceeded
+    for controller in ("memory", "cpu", "pids"):
+        assert re.search(rf"^\d+:[\w,]*\b{controller}\b[\w,]*:/tunehub-people/"
+                         rf"{users.require('alice').uid}/server-$", exceeded["cgroup"], re.M), \
+            exceeded["cgroup"]
+
     # A job alice left running on its own (a new session, its parent gone: it would go on
     # using her server's GPUs) ends with her server, and so does her server's group.
     left = run_cell(platform, "alice", tokens["alice"], """
@@ -175,6 +217,7 @@ def test_what_a_notebook_listens_on_only_its_person_and_the_platform_reach(
     wait_for(lambda: not Path(f"/proc/{left}").exists(), timeout=30,
              what="the job alice left to end with her server")
     assert not group.exists()
+    assert not any(d.exists() for d in bounded.dirs)
 
 
 def test_the_fence_says_why_it_cannot_be_made(tmp_path: Path) -> None:

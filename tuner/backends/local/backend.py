@@ -44,7 +44,7 @@ from tuner.backends._base import (
     inherited_environment,
 )
 from tuner.backends.local import island, ownership
-from tuner.backends.local.cgroups import AttemptGroup, Hierarchy, bounds_for, open_hierarchy
+from tuner.backends.local.cgroups import BoundedGroup, Hierarchy, bounds_for, open_hierarchy
 from tuner.backends.local.gpu_watch import GpuWatch
 from tuner.backends.local.island import Island, Islands
 from tuner.backends.local.log_pipes import AttemptLog
@@ -314,7 +314,7 @@ class LocalBackend(Backend):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _group(self, launch: TrialLaunch) -> AttemptGroup | None:
+    def _group(self, launch: TrialLaunch) -> BoundedGroup | None:
         """The attempt's cgroup, bounded by its ``resources`` (None without cgroups)."""
         if self.cgroups is None:
             return None
@@ -366,7 +366,7 @@ class LocalBackend(Backend):
 
     async def _start_cold(
         self, launch: TrialLaunch, argv: list[str], env: dict[str, str], output: int,
-        owner: unix_users.UnixUser | None = None, group: AttemptGroup | None = None,
+        owner: unix_users.UnixUser | None = None, group: BoundedGroup | None = None,
         isle: Island | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
         drop = unix_users.privilege_dropper(owner) if owner is not None else None
@@ -400,7 +400,7 @@ class LocalBackend(Backend):
     async def _start_warm(
         self, launch: TrialLaunch, argv: list[str], preload: tuple[str, ...],
         env: dict[str, str], output: int, index: int = 0,
-        owner: unix_users.UnixUser | None = None, group: AttemptGroup | None = None,
+        owner: unix_users.UnixUser | None = None, group: BoundedGroup | None = None,
         isle: Island | None = None,
     ) -> tuple[int, asyncio.Future[int]]:
         # One warm process per owner: it runs as them, so what it forks (and whatever earlier

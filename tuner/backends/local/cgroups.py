@@ -4,18 +4,18 @@ its end.
 A process group is not a boundary: a trial's ``setsid sleep 1000 &`` or a double fork leaves
 it, and ``killpg`` never reaches what did. A cgroup is: every process the attempt's workers
 start is in it (the kernel puts children in their parent's group and only root moves them
-out), so at the attempt's end :meth:`AttemptGroup.kill` kills every pid it lists, again until
+out), so at the attempt's end :meth:`BoundedGroup.kill` kills every pid it lists, again until
 none is left (or writes ``cgroup.kill`` on v2), and the group is removed. The limits come from
 the trial's ``resources`` for the whole attempt (``memory`` and ``cpu`` × ``workers``, the
 same totals as the attempt's pods on Kubernetes) plus a process cap
 (``TUNEHUB_ATTEMPT_PIDS`` × ``workers``): a trial past its memory is killed by the kernel and
-its attempt fails saying so (:meth:`AttemptGroup.oom_killed`).
+its attempt fails saying so (:meth:`BoundedGroup.oom_killed`).
 
 Where: cgroup v2 when a v2 hierarchy offers the ``memory``, ``cpu`` and ``pids``
 controllers, else the v1 hierarchies of those controllers (:func:`open_hierarchy`, the one
 place that chooses; each version is one module behind the same base classes:
-:mod:`~tuner.backends.local.cgroups_v1`, :mod:`~tuner.backends.local.cgroups_v2`,
-:mod:`~tuner.backends.local.cgroups_base`). The tuner makes a parent of its
+:mod:`~tunehub_base.cgroups.v1`, :mod:`~tunehub_base.cgroups.v2`,
+:mod:`~tunehub_base.cgroups.base`). The tuner makes a parent of its
 own, ``tunehub-<pid>-<start>-<random>``, below its own cgroup in each hierarchy (so whatever
 bounds the tuner bounds its trials too; on v2, whose controllers reach only the children of a group
 without processes, below the hierarchy's root when its own group has them), one group per
@@ -35,21 +35,21 @@ import os
 import secrets
 from pathlib import Path
 
-from tunehub_base.cgroup_mounts import MOUNTINFO, cgroup_mounts
-from tunehub_base.options import setting
-from tunehub_base.process_identity import ProcessIdentity
-from tuner.backends.local.cgroups_base import (
+from tunehub_base.cgroups.base import (
     CONTROLLERS,
-    AttemptGroup,
+    BoundedGroup,
     Bounds,
     Hierarchy,
     read,
     rmdir,
 )
-from tuner.backends.local.cgroups_v1 import V1Group, V1Hierarchy
-from tuner.backends.local.cgroups_v2 import V2Hierarchy, enable_controllers, offers_controllers
+from tunehub_base.cgroups.mounts import MOUNTINFO, cgroup_mounts
+from tunehub_base.cgroups.v1 import V1Group, V1Hierarchy
+from tunehub_base.cgroups.v2 import V2Hierarchy, enable_controllers, offers_controllers
+from tunehub_base.options import setting
+from tunehub_base.process_identity import ProcessIdentity
 
-__all__ = ["AttemptGroup", "Bounds", "Hierarchy", "bounds_for", "open_hierarchy"]
+__all__ = ["BoundedGroup", "Bounds", "Hierarchy", "bounds_for", "open_hierarchy"]
 
 ATTEMPT_PIDS = setting("TUNEHUB_ATTEMPT_PIDS")
 OWN_CGROUPS = Path("/proc/self/cgroup")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from tunehub_base import unix_users
 from tunehub_base.process_identity import ProcessIdentity
 from tuner.backends._base import TrialLaunch
-from tuner.backends.local.cgroups import AttemptGroup
+from tuner.backends.local.cgroups import BoundedGroup
 from tuner.backends.local.log_pipes import AttemptLog
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class Attempt:
     def __init__(
         self, launch: TrialLaunch, procs: list[tuple[int, asyncio.Future[int]]], gpus: list[str],
         log: AttemptLog, owner: unix_users.UnixUser | None = None,
-        group: AttemptGroup | None = None, island: Island | None = None,
+        group: BoundedGroup | None = None, island: Island | None = None,
     ) -> None:
         self.launch = launch
         self.procs = procs  # (pid = process group, future of the exit code: <0 for a signal)

@@ -1,11 +1,13 @@
-"""What every cgroup version gives an attempt: :class:`AttemptGroup` (one attempt's group) and
-:class:`Hierarchy` (the tuner's parent, where groups are made), and the file helpers both use.
+"""What every cgroup version gives: :class:`BoundedGroup` (one attempt's or notebook server's
+group) and :class:`Hierarchy` (the tuner's parent, where attempts' groups are made), and the
+file helpers both use.
 
 Why a base class: which cgroup version a machine offers is the machine's choice (v2 where a v2
 hierarchy has the ``memory``, ``cpu`` and ``pids`` controllers, else v1,
-:func:`tuner.backends.local.cgroups.open_hierarchy`), and the backend must not care. Each
-version is one module (:mod:`~tuner.backends.local.cgroups_v1`,
-:mod:`~tuner.backends.local.cgroups_v2`) implementing these two classes.
+:func:`tuner.backends.local.cgroups.open_hierarchy`, :meth:`hub.server_limits.ServerLimits.open`),
+and the backend and the hub must not care. Each
+version is one module (:mod:`~tunehub_base.cgroups.v1`,
+:mod:`~tunehub_base.cgroups.v2`) implementing these two classes.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ KILL_DEADLINE_SECONDS = 10.0  # a group that will not empty in this long is left
 class Bounds:
     """What one attempt may use, all its workers together."""
 
-    memory: int  # bytes
-    cpu: float  # cores
+    memory: int | None  # bytes; None: no limit
+    cpu: float | None  # cores; None: no limit
     pids: int  # processes and threads
 
 
-class AttemptGroup(abc.ABC):
+class BoundedGroup(abc.ABC):
     """The cgroup(s) of one attempt: one directory per hierarchy (one on v2, one per
     controller on v1), each made by root and bounded by :class:`Bounds`."""
 
@@ -106,7 +108,7 @@ class Hierarchy(abc.ABC):
         self.parents = parents
 
     @abc.abstractmethod
-    def create(self, name: str, bounds: Bounds) -> AttemptGroup:
+    def create(self, name: str, bounds: Bounds) -> BoundedGroup:
         """A new group ``name`` under the parent with ``bounds`` set (OSError if it cannot)."""
 
     def close(self) -> None:
@@ -115,9 +117,9 @@ class Hierarchy(abc.ABC):
             rmdir(parent)
 
 
-def quota(cpu: float) -> int:
-    """CPU cores as a CFS quota (µs per :data:`CPU_PERIOD_US`)."""
-    return max(MIN_CPU_QUOTA_US, int(cpu * CPU_PERIOD_US))
+def quota(cpu: float | None) -> int:
+    """CPU cores as a CFS quota (µs per :data:`CPU_PERIOD_US`); -1 for no limit."""
+    return -1 if cpu is None else max(MIN_CPU_QUOTA_US, int(cpu * CPU_PERIOD_US))
 
 
 def write(path: Path, value: int | str) -> None:

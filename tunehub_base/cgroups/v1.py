@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.backends.local.cgroups_base import (
+from tunehub_base.cgroups.base import (
     CPU_PERIOD_US,
-    AttemptGroup,
+    BoundedGroup,
     Bounds,
     Hierarchy,
     counter,
@@ -19,7 +19,7 @@ from tuner.backends.local.cgroups_base import (
 )
 
 
-class V1Group(AttemptGroup):
+class V1Group(BoundedGroup):
     """One attempt's directories, by controller."""
 
     def __init__(self, dirs: dict[str, Path]) -> None:
@@ -39,20 +39,26 @@ class V1Hierarchy(Hierarchy):
         super().__init__(list(parents.values()))
         self.by_controller = parents
 
-    def create(self, name: str, bounds: Bounds) -> AttemptGroup:
+    def create(self, name: str, bounds: Bounds) -> BoundedGroup:
         dirs = {c: p / name for c, p in self.by_controller.items()}
         group = V1Group(dirs)
         try:
             for d in dirs.values():
                 d.mkdir(mode=0o755)
-            mem = dirs["memory"]
-            write(mem / "memory.limit_in_bytes", bounds.memory)
-            if (mem / "memory.memsw.limit_in_bytes").exists():  # swap counts: no way around
-                write(mem / "memory.memsw.limit_in_bytes", bounds.memory)
-            write(dirs["cpu"] / "cpu.cfs_period_us", CPU_PERIOD_US)
-            write(dirs["cpu"] / "cpu.cfs_quota_us", quota(bounds.cpu))
-            write(dirs["pids"] / "pids.max", bounds.pids)
+            write_limits(dirs, bounds)
         except OSError:
             group.remove()
             raise
         return group
+
+
+def write_limits(dirs: dict[str, Path], bounds: Bounds) -> None:
+    """``bounds`` into a new group's files (``dirs``: its directory by controller)."""
+    mem = dirs["memory"]
+    memory = -1 if bounds.memory is None else bounds.memory
+    write(mem / "memory.limit_in_bytes", memory)
+    if (mem / "memory.memsw.limit_in_bytes").exists():  # swap counts: no way around
+        write(mem / "memory.memsw.limit_in_bytes", memory)
+    write(dirs["cpu"] / "cpu.cfs_period_us", CPU_PERIOD_US)
+    write(dirs["cpu"] / "cpu.cfs_quota_us", quota(bounds.cpu))
+    write(dirs["pids"] / "pids.max", bounds.pids)

@@ -17,11 +17,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tuner.backends.local.cgroups_base import (
+from tunehub_base.cgroups.base import (
     CONTROLLERS,
     CPU_PERIOD_US,
     KILL_DEADLINE_SECONDS,
-    AttemptGroup,
+    BoundedGroup,
     Bounds,
     Hierarchy,
     counter,
@@ -31,7 +31,7 @@ from tuner.backends.local.cgroups_base import (
 )
 
 
-class V2Group(AttemptGroup):
+class V2Group(BoundedGroup):
     """One attempt's directory in the unified hierarchy."""
 
     @property
@@ -71,7 +71,7 @@ class V2Hierarchy(Hierarchy):
     def parent(self) -> Path:
         return self.parents[0]
 
-    def create(self, name: str, bounds: Bounds) -> AttemptGroup:
+    def create(self, name: str, bounds: Bounds) -> BoundedGroup:
         d = self.parent / name
         group = V2Group([d])
         try:
@@ -86,10 +86,11 @@ class V2Hierarchy(Hierarchy):
 def write_limits(d: Path, bounds: Bounds, swap: bool) -> None:
     """``bounds`` into group ``d``'s files; ``swap``: the machine accounts swap (the parent has
     ``memory.swap.max``), so none is allowed."""
-    write(d / "memory.max", bounds.memory)
+    write(d / "memory.max", "max" if bounds.memory is None else bounds.memory)
     if swap:
         write(d / "memory.swap.max", 0)
-    write(d / "cpu.max", f"{quota(bounds.cpu)} {CPU_PERIOD_US}")
+    cpu = "max" if bounds.cpu is None else quota(bounds.cpu)
+    write(d / "cpu.max", f"{cpu} {CPU_PERIOD_US}")
     write(d / "pids.max", bounds.pids)
 
 
