@@ -49,10 +49,10 @@ from tuner.serving.registry import Registry
 
 settings = load_settings()
 registry = Registry(Database(settings.db_url), settings.registry)
-row = registry.register(model="doubler", source_dir=Path(sys.argv[1]), owner=sys.argv[2],
+row = registry.register(model=sys.argv[4], source_dir=Path(sys.argv[1]), owner=sys.argv[2],
                         metric="acc", direction="maximize", metric_value=0.9,
                         trusted=Path(sys.argv[1]).parent)
-registry.promote("doubler", row.version, sys.argv[3], is_admin=True, reason="by the test")
+registry.promote(sys.argv[4], row.version, sys.argv[3], is_admin=True, reason="by the test")
 print(row.version)
 """
 
@@ -78,8 +78,8 @@ def _version(home: Home, tmp_path: Path, name: str, stage: str,
     return _register(home, model, stage)
 
 
-def _register(home: Home, model: Path, stage: str) -> int:
-    return int(_python(home, REGISTER, str(model), getpass.getuser(), stage))
+def _register(home: Home, model: Path, stage: str, name: str = "doubler") -> int:
+    return int(_python(home, REGISTER, str(model), getpass.getuser(), stage, name))
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
+import sys
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -227,4 +229,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(
             f"--port: cannot listen on {args.host}:{args.port}: {exc.strerror}"
         ) from None
+    except KeyboardInterrupt:
+        # Stopped now: a prediction still running (its client is gone with the server) would
+        # hold the interpreter's exit until it ends, as Python joins its worker threads.
+        print("tunehub: interrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
     return 0

@@ -27,6 +27,7 @@ import json
 import logging
 import time
 from collections import Counter as Tally
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import tornado.ioloop
@@ -70,6 +71,10 @@ class ModelServer:
         self.max_client_requests = max_client_requests
         self.in_flight: Tally[str] = Tally()  # predictions running, by client address
         self._loaded: dict[int, Any] = {}
+        #: Where predictions run: not the event loop's default executor, whose running work
+        #: ``asyncio.run`` waits for at Ctrl-C (a model still loading on a busy machine held
+        #: the stop for over a minute); :func:`serve` drops what has not started.
+        self.predictions = ThreadPoolExecutor(thread_name_prefix="tunehub-predict")
         self._stages: dict[str, tuple[float, int | None]] = {}
 
     def version_for(self, stage: str) -> int:
@@ -272,7 +277,8 @@ class PredictHandler(_Handler):
         loop = asyncio.get_running_loop()
         asked = time.perf_counter()
         try:
-            result = await loop.run_in_executor(None, self.server.predict, number, body)
+            result = await loop.run_in_executor(self.server.predictions, self.server.predict,
+                                                number, body)
         except (BadRequest, BodyError, NotFound):
             raise
         except Exception as exc:
@@ -282,7 +288,8 @@ class PredictHandler(_Handler):
             self.server.canary_failed(number, describe_error(exc))
             number = self.server.version_for("production")
             try:
-                result = await loop.run_in_executor(None, self.server.predict, number, body)
+                result = await loop.run_in_executor(self.server.predictions,
+                                                    self.server.predict, number, body)
             except (BadRequest, BodyError, NotFound):
                 raise
             except Exception as again:
@@ -395,5 +402,6 @@ async def serve(registry: Registry, model: str, host: str, port: int,
         if clock is not None:
             clock.stop()
         server.stop()
+        models.predictions.shutdown(wait=False, cancel_futures=True)
         if forward is not None:
             await forward.close()
