@@ -103,7 +103,11 @@ class TunehubProxyHandler(ProxyHandler):
         for name in [n for n in request.headers if n.lower() in _REQUEST_FRAMING]:
             del request.headers[name]
         if self.proxy.proxy_timeout is None:
-            request.request_timeout = NO_DEADLINE
+            # No deadline to connect either (tornado's default is 20 s, TLS handshake
+            # included): a server on a busy machine that takes longer to shake hands got a 503
+            # for a page's stylesheet, and JupyterLab an "Error Loading Theme" dialog. A backend
+            # that is gone still fails at once (connection refused).
+            request.request_timeout = request.connect_timeout = NO_DEADLINE
         if self.target is not None:
             request.ssl_options = self.proxy.tls.backend_context(self.target["identity"])
         return request
