@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,3 +102,20 @@ def _log_repeat_filters_end_with_their_test() -> Iterator[None]:
     from hub.log_limits import unlimit_repeats
 
     unlimit_repeats()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None],
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that ran a platform (``platform``, ``readme_platform``) carries the end of
+    its hub's log (the proxy and the tuner log there too): a CI failure in a browser is
+    explained by what the servers said, which is gone with the test's directories."""
+    report = yield
+    if call.when == "call" and report.failed:
+        funcargs = getattr(item, "funcargs", {})
+        for name in ("platform", "readme_platform"):
+            running = funcargs.get(name)
+            if running is not None and hasattr(running, "hub_log"):
+                report.sections.append((f"{name}: the end of the hub's log",
+                                        running.hub_log()))
+    return report
