@@ -25,7 +25,7 @@ from tests import test_canary_release
 from tests.conftest import Home
 from tests.polling import wait_for
 from tests.serving_helpers import served
-from tests.test_canary_release import REGISTER, _python
+from tests.test_canary_release import _register
 
 pytestmark = pytest.mark.slow
 
@@ -64,16 +64,6 @@ def scalers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                           capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return paths
-
-
-def _register(home: Home, model: Path, stage: str) -> int:
-    return int(_python(home, REGISTER, str(model), _user(), stage))
-
-
-def _user() -> str:
-    import getpass
-
-    return getpass.getuser()
 
 
 def _ask(url: str, value: float) -> httpx.Response:

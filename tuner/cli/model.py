@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -222,6 +223,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             when += f" or {args.canary_seconds:g} s, whichever comes first"
         console.print(f"canary release: {args.canary_share:g} of requests to the canary, "
                       f"production after {when}")
+    # Ctrl-C stops the server now: asyncio.run's own handling cancels every task and waits for
+    # them, and the interpreter joins its worker threads at exit, so a prediction still running
+    # (a model loading on a busy machine) held the stop for over a minute.
+    signal.signal(signal.SIGINT, _stop_now)
     try:
         asyncio.run(serve(reg, args.name, args.host, args.port, canary, args.upstream,
                           args.upstream_timeout))
@@ -229,10 +234,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(
             f"--port: cannot listen on {args.host}:{args.port}: {exc.strerror}"
         ) from None
-    except KeyboardInterrupt:
-        # Stopped now: a prediction still running (its client is gone with the server) would
-        # hold the interpreter's exit until it ends, as Python joins its worker threads.
-        print("tunehub: interrupted", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(130)
     return 0
+
+
+def _stop_now(signum: int, frame: object) -> None:
+    print("tunehub: interrupted", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(130)
