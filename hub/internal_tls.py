@@ -74,6 +74,7 @@ class InternalTls:
         c.JupyterHub.internal_ssl = True
         c.JupyterHub.internal_certs_location = str(self.store)
         _check_services_as_a_client()
+        _one_pair_for_the_services()
 
 
 def _check_services_as_a_client() -> None:
@@ -98,6 +99,30 @@ def _check_services_as_a_client() -> None:
 
     start_service.tunehub_fixed = True  # type: ignore[attr-defined]
     JupyterHub.start_service = start_service  # type: ignore[method-assign]
+
+
+def _one_pair_for_the_services() -> None:
+    """JupyterHub makes a managed service's key pair as the service starts, named by its Unix
+    user (``user-service`` for the tuner and the idle culler alike: :data:`tls.SERVICE_IDENTITY`),
+    and writes the files in place. So the culler's start rewrote the tuner's key and
+    certificate while the tuner was reading them: "PEM lib" in the tuner's first request to
+    the hub, a 500 (seen once, right after a hub restart). Here the pair is made once per hub
+    process, by the first service that starts, and the others are given the same files."""
+    from jupyterhub.services.service import _ServiceSpawner
+
+    original = _ServiceSpawner.create_certs
+    if getattr(original, "tunehub_fixed", False):
+        return
+    made: dict[tuple[str, str], dict[str, str]] = {}
+
+    async def create_certs(self: Any) -> dict[str, str]:
+        key = (str(self.internal_certs_location), str(self.user.name))
+        if key not in made:
+            made[key] = dict(await original(self))
+        return dict(made[key])
+
+    create_certs.tunehub_fixed = True  # type: ignore[attr-defined]
+    _ServiceSpawner.create_certs = create_certs  # type: ignore[method-assign]
 
 
 def _private_dir(path: Path, mode: int) -> None:
