@@ -201,9 +201,7 @@ def throughput(finish_times: Sequence[float], center: int, width: int = 100) -> 
 
 
 def free_port() -> int:
-    """A TCP port free on loopback right now (for services the benchmarks start)."""
-    import socket
+    """A TCP port free on loopback (for services the benchmarks start)."""
+    from tunehub_base.ports import unclaimed_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return unclaimed_port()

@@ -36,7 +36,6 @@ import os
 import resource
 import select
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._base import Benchmark, NotMeasured, RunContext
-from benchmarks._common import REPO, ms, percentile, run_peer, secs, tunehub_env
+from benchmarks._common import REPO, free_port, ms, percentile, run_peer, secs, tunehub_env
 
 PRUNER = "median"
 TARGET_RATE, TARGET_P95 = 1000.0, 0.050
@@ -130,7 +129,7 @@ class LocalPostgres:
         # stays on.
         self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U",
                   "postgres", "--no-sync")
-        self.port = _free_port()
+        self.port = free_port()
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"),
                   "-w", "-t", "60", "start", "-o",
                   f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
@@ -173,12 +172,6 @@ class LocalPostgres:
                 elif ppid == pid:
                     total += utime + stime
         return total / tick
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- the load generator --------------------------------------------------------------------

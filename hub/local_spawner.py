@@ -46,7 +46,7 @@ from traitlets import Bool, Dict, Float, Int, List, TraitError, Unicode, default
 from hub import internal_tls, network_fence, server_limits
 from hub.gpu_wait import PoolQueueClient
 from hub.spawn_refused import SpawnRefused
-from tunehub_base import landlock, unix_users
+from tunehub_base import landlock, ports, unix_users
 from tunehub_base.cgroups.base import BoundedGroup, Bounds
 from tunehub_base.gpu_holders import Holder, HolderBook
 from tunehub_base.gpus import GpuPool, discover_gpus
@@ -429,6 +429,8 @@ class TunehubLocalSpawner(SimpleLocalProcessSpawner):
         gpus, fds = await self._take_gpus(int(profile.get("gpus") or 0))
         self.environment = {**self.environment, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
         self.popen_kwargs = {**self.popen_kwargs, "pass_fds": tuple(fds)}
+        if self.port == 0:  # JupyterHub's own pick is bind(0)'s, racing every outgoing connection
+            self.port = ports.unclaimed_port()
         try:
             result = await super().start()
         except (OSError, subprocess.SubprocessError) as exc:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,12 +21,11 @@ import httpx
 import pytest
 
 from tests.polling import wait_for
+from tunehub_base.ports import unclaimed_port
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return unclaimed_port()
 
 
 @dataclass

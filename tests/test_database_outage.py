@@ -16,7 +16,6 @@ faults_outage_s=300`` measures a 5-minute outage; too slow for the suite).
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -38,6 +37,7 @@ from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
 from tests.sweeps_helpers import parse_json, record_dir, write_sweep
 from tunehub_base.outage import OUTAGE_SECONDS
+from tunehub_base.ports import unclaimed_port
 from tuner.db import Database, SweepRow, Trial, TrialReport
 from tuner.sdk.client import Sweep, TunerClient
 
@@ -93,17 +93,11 @@ class Postgres:
         self._pg(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", "stop", "-m", "immediate")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def postgres() -> Iterator[Postgres]:
     root = Path(tempfile.mkdtemp(prefix="tunehub-pg-"))
     shutil.chown(root, "postgres", "postgres")
-    pg = Postgres(root, _free_port())
+    pg = Postgres(root, unclaimed_port())
     pg._pg(str(PG_BIN / "initdb"), "-D", str(pg.data), "-A", "trust", "-U", "postgres",
            "--no-sync")
     pg.start()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
+import socket
 from pathlib import Path
 
 _LISTEN = "0A"  # the TCP state "listening" in /proc/net/tcp
@@ -76,3 +78,49 @@ def in_use_message(what: str, host: str, port: int) -> str:
     """The line printed when ``what`` cannot listen on ``host:port``."""
     return (f"{what} cannot listen on {host}:{port}: the port is held by {holder(port)}. "
             "Stop that process (or free the port) and start again.")
+
+
+#: Where :func:`unclaimed_port` picks: the 16k ports just below the kernel's ephemeral range.
+_PICK_SPAN = 16384
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def unclaimed_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now that the kernel will not hand out by itself later.
+
+    Why not ``bind(0)``: that returns a port of the ephemeral range, the range every outgoing
+    connection on the machine takes its source port from, so in the moment between choosing the
+    port and the platform's process binding it, any connection may take it ("address already in
+    use" at the hub's start, seen in a full run of the suite). A port below that range is only
+    ever taken by a process that asks for it by number; the pick is random, so two platforms
+    started together do not pick alike."""
+    low, high = _ephemeral_range()
+    lowest = 1024 if low - _PICK_SPAN < 1024 else low - _PICK_SPAN
+    candidates = range(lowest, low) if low > 1024 + 256 else range(high + 1, 65536)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(200):
+        port = random.choice(candidates)
+        with socket.socket(family) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port on {host} from {candidates.start} to {candidates.stop - 1}")
+
+
+def unclaimed_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports as :func:`unclaimed_port` picks them."""
+    chosen: list[int] = []
+    while len(chosen) < count:
+        port = unclaimed_port(host)
+        if port not in chosen:
+            chosen.append(port)
+    return chosen

@@ -68,12 +68,6 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _check_port_free(ip: str, port: int, option: str = "--port") -> None:
     """Refuse to start, naming who holds it, when a port the platform must listen on is
     taken (``option``: the flag or variable that chose it)."""
@@ -161,10 +155,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         "TUNEHUB_MODE": "local",
         "TUNEHUB_IP": args.ip,
         "TUNEHUB_PORT": str(args.port),
-        "TUNEHUB_HUB_PORT": os.environ.get("TUNEHUB_HUB_PORT") or str(free_port()),
-        "TUNEHUB_PROXY_API_PORT": os.environ.get("TUNEHUB_PROXY_API_PORT") or str(free_port()),
-        "TUNEHUB_TUNER_PORT": os.environ.get("TUNEHUB_TUNER_PORT") or str(free_port()),
     }
+    internal = ("TUNEHUB_HUB_PORT", "TUNEHUB_PROXY_API_PORT", "TUNEHUB_TUNER_PORT")
+    for name, port in zip(internal, ports.unclaimed_ports(len(internal)), strict=True):
+        env[name] = os.environ.get(name) or str(port)
     os.environ.update(env)  # so the hub resolves its options as here
     state = hub_state_dir(settings.home, env)
     state.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -33,6 +33,7 @@ from tunehub_base import unix_users
 from tunehub_base.gpu_holders import Holder
 from tunehub_base.gpus import GpuPool, discover_gpus
 from tunehub_base.options import setting
+from tunehub_base.ports import unclaimed_ports
 from tunehub_base.process_identity import parse_records
 from tuner import metrics, untrusted_files
 from tuner.backends._base import (
@@ -48,11 +49,7 @@ from tuner.backends.local.cgroups import BoundedGroup, Hierarchy, bounds_for, op
 from tuner.backends.local.gpu_watch import GpuWatch
 from tuner.backends.local.island import Island, Islands
 from tuner.backends.local.log_pipes import AttemptLog
-from tuner.backends.local.multiworker import (
-    SIBLING_GRACE_SECONDS,
-    free_ports,
-    tf_config,
-)
+from tuner.backends.local.multiworker import SIBLING_GRACE_SECONDS, tf_config
 from tuner.backends.local.netns import enter_as_root
 from tuner.backends.local.no_space import no_space_reason
 from tuner.backends.local.parent_death import die_with_parent as _die_with_parent
@@ -253,7 +250,7 @@ class LocalBackend(Backend):
                 reason=f"cannot write its log {launch.log_path}: {exc.strerror or exc}"))
             return
         metrics.TRIAL_STARTS.labels("warm" if warm is not None else "cold").inc()
-        hosts = [f"127.0.0.1:{p}" for p in free_ports(workers)] if workers > 1 else []
+        hosts = [f"127.0.0.1:{p}" for p in unclaimed_ports(workers)] if workers > 1 else []
         # Made last before the workers start, so nothing between can leave it behind.
         isle: Island | None = None
         if self.islands is not None and owner is not None:

@@ -9,26 +9,10 @@ trial's model (:func:`tuner.sdk.training.is_chief`), as in the Kubernetes backen
 from __future__ import annotations
 
 import json
-import socket
 
 #: How long the other workers get to exit on their own once the chief has exited 0 (they end
 #: their last collective with it), before they are stopped like a Job's lingering pods.
 SIBLING_GRACE_SECONDS = 10.0
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports the kernel considers free right now (all held open at once, so
-    no two are the same; released before the workers bind them)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def tf_config(hosts: list[str], index: int) -> str:
