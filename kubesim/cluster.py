@@ -53,7 +53,7 @@ class KubeCluster:
         self.map_claim(DATA_CLAIM, self.data_dir)
         self.emulator = Emulator(self.workdir / "logs")
         #: container runtime knobs: ``missing_images`` (set), ``enforce_memory_limits``,
-        #: ``run_as_users`` (bool)
+        #: ``run_as_users`` (bool), ``gpu_driver_env`` (dict: what GPU containers also get)
         self.runtime = Runtime(self.claims, self.emulator.log_dir, 0)
         self.kubelet: Kubelet | None = None
         self.jobs: JobController | None = None

@@ -47,7 +47,10 @@ class Runtime:
     as OOMKilled (exit code 137), like the kernel's cgroup OOM killer. With ``run_as_users``
     (the harness running as root) a container's process runs as its ``runAsUser`` /
     ``runAsGroup`` (the container's, else the pod's) with the pod's ``fsGroup`` as a
-    supplementary group, so file permissions hold between pods and the host as on a node."""
+    supplementary group, so file permissions hold between pods and the host as on a node.
+    A container granted ``nvidia.com/gpu`` gets what NVIDIA's device plugin and container
+    toolkit give it on a GPU node: ``NVIDIA_VISIBLE_DEVICES`` naming its devices, and the
+    driver's libraries, here ``gpu_driver_env`` (e.g. an NVML stand-in on ``LD_LIBRARY_PATH``)."""
 
     claims: dict[str, Path]
     log_dir: Path
@@ -56,6 +59,7 @@ class Runtime:
     enforce_memory_limits: bool = True
     run_as_users: bool = False
     network: PodNetwork | None = None  # pod addresses and names (default: beside the logs)
+    gpu_driver_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.network is None:
@@ -172,6 +176,11 @@ class PodRunner:
                                      f"env {name}: unsupported valueFrom {sorted(source)}")
             if value is not None:
                 env[name] = value
+        gpus = int(parse_quantity(str(((container.get("resources") or {}).get("limits") or {})
+                                      .get("nvidia.com/gpu", 0))))
+        if gpus > 0:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(f"GPU-{i}" for i in range(gpus))
+            env.update(self.runtime.gpu_driver_env)
         # The pod network's name resolution for TF_CONFIG (kubesim.podnet).
         # (Runtime.__post_init__ always sets network: None there means "the default one")
         env[HOSTS_ENV] = str(cast(PodNetwork, self.runtime.network).table)
