@@ -71,12 +71,15 @@ def high_priority_role(group: str) -> dict[str, Any]:
 def tuner_service_role(service_name: str) -> dict[str, Any]:
     """The tuner service's own token: it reads the members of hub groups, so a team's GPU
     quota counts the team's trials (one machine) and a pod's GPU-hours count for its person's
-    groups (Kubernetes) (:mod:`tuner.scheduling.hub_groups`). Nothing else: people's
-    identities reach it with their own tokens."""
+    groups (Kubernetes) (:mod:`tuner.scheduling.hub_groups`), and the GPU reports notebook
+    servers send the hub, so a notebook pod's GPU-hours *used* are counted (Kubernetes,
+    :mod:`tuner.pool_sources.kube_notebook_use`). Nothing else: people's identities reach it
+    with their own tokens."""
     return {
         "name": "tuner-service",
-        "description": "Read hub groups' members (the GPU pool's group quotas)",
-        "scopes": ["read:groups"],
+        "description": "Read hub groups' members (the GPU pool's group quotas) and notebook "
+                       "servers' GPU reports (GPU-hours used)",
+        "scopes": ["read:groups", "read:users:activity"],
         "services": [service_name],
     }
 

@@ -33,12 +33,15 @@ from tests.test_kubernetes_backend import (  # noqa: F401  (fixture kube_env)
 )
 from tests.test_kubernetes_kueue import kueue_pool
 from tests.test_pool_metrics import _metric
+from tunehub_base.gpu_meter import UsePolicy
 from tunehub_base.scopes import READ
 from tuner.backends.kubernetes import KubernetesBackend, KubeSettings
 from tuner.backends.kubernetes import manifests as m
 from tuner.cli import main as cli_main
 from tuner.db import Database
 from tuner.db.models import GpuHolding
+from tuner.pool_sources.kube_ledger import KubeHoldingLedger
+from tuner.pool_sources.kube_notebook_use import with_report
 from tuner.pool_sources.kubernetes import KubernetesPoolSource
 from tuner.scheduling.hub_groups import HubGroups
 from tuner.spec import Resources
@@ -334,6 +337,91 @@ def test_a_trial_pods_readings_show_in_the_pool_usage_and_metrics(
         gate.write_text("")
 
 
+NOTEBOOK_SERVERS = """
+c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
+c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+c.Spawner.args = {args}
+c.Spawner.environment = {environment}
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
+c.JupyterHub.load_roles[1]["scopes"] += ["admin:servers"]
+from hub import gpu_reclaim
+gpu_reclaim.configure(c, "{{home}}/state")
+c.GpuReclaim.sample_seconds = 0.5
+"""
+
+
+def test_a_notebook_pods_gpu_use_reaches_the_pool_and_usage_from_its_servers_reports(
+        kube_env: KubeCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,  # noqa: F811
+        standin: StandIn) -> None:  # noqa: F811
+    """Issue 26 on a cluster, notebooks: ann's GPU notebook (its pod, as the chart's
+    KubeSpawner makes it, and its real server, reading its GPU through the NVML stand-in at
+    70 %) reports to the hub, as it does for the idle-GPU rule; the tuner reads those reports
+    with its own hub token into the pod's holding: GET pool shows the notebook's utilisation and
+    memory, GET usage its used GPU-hours beside the allocated ones, the metrics its used
+    GPU-seconds."""
+    from hub.notebook import SINGLEUSER_ARGS
+
+    team_queue(kube_env, monkeypatch)
+    kube_env.create(notebook_pod("ann", kube_env.data_dir / "ann-done"))
+    standin.set({"util": 70, "mem_used": 3 * GiB, "mem_total": 16 * GiB})
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith("TUNEHUB_K8S_") or k in ("KUBECONFIG", "TUNEHUB_DATA",
+                                                     "TUNEHUB_HOME")}
+    env.update(TUNEHUB_BACKENDS="kubernetes", TUNEHUB_GPU_SAMPLE_SECONDS="0.5")
+    args = [*SINGLEUSER_ARGS, *(["--allow-root"] if os.geteuid() == 0 else [])]
+    server_env = {**standin.env, "CUDA_VISIBLE_DEVICES": "0",
+                  "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    config = NOTEBOOK_SERVERS.format(args=_literal(args), environment=_literal(server_env))
+    with running_tuner_hub(tmp_path, f"sqlite:///{tmp_path / 'tuner.sqlite'}", env,
+                           extra_config=config) as hub:
+        admin = httpx.Client(base_url=f"{hub.url}hub/api/", timeout=60,
+                             headers={"Authorization": f"token {hub.admin_token}"})
+        assert admin.post("users/ann").status_code == 201
+        assert admin.post("users/ann/server").status_code in (201, 202)
+        wait_for(lambda: (admin.get("users/ann").json()["servers"].get("") or {}).get("ready"),
+                 timeout=120, what="ann's notebook server")
+        bob = hub.client(hub.token("bob", [READ]))
+
+        def measured() -> dict[str, Any] | None:
+            rows = [g for g in bob.get("pool").json()["gpus"]
+                    if (g["holder"] or {}).get("kind") == "notebook"]
+            return rows[0] if rows and rows[0]["utilization"] is not None else None
+        row = wait_for(measured, timeout=60, what="the notebook's GPU reading in the pool")
+        assert row["holder"]["person"] == "ann" and row["measure_absent"] is None
+        assert row["utilization"] == pytest.approx(0.7)
+        assert row["memory_used_bytes"] == 3 * GiB and row["memory_total_bytes"] == 16 * GiB
+        assert row["use"]["ever_busy"] and not row["use"]["unused"]
+
+        def used() -> dict[str, Any] | None:
+            usage = bob.get("usage", params={"since": "2026-01-01"}).json()
+            return usage if usage["used"]["notebook"].get("ann", 0) > 0 else None
+        usage = wait_for(used, timeout=30, what="used GPU-hours of ann's notebook")
+        assert 0 < usage["used"]["notebook"]["ann"] <= 0.7 * usage["notebook"]["ann"] * 1.01
+        assert usage["used"]["person"]["ann"] == usage["used"]["notebook"]["ann"]
+
+        # Counted once, however often the same report is read: the row's sum grows only with
+        # the server's new reports (its last one's time is the hub's).
+        ledger = KubeHoldingLedger(Database(f"sqlite:///{tmp_path / 'tuner.sqlite'}"))
+        (uid, person, server, use), = ledger.open_notebooks()
+        assert (person, server) == ("ann", "")
+        last = use["gpus"]["0"]["last_at"]
+        assert with_report(use, {"at": last, "readings": [use["gpus"]["0"]["last"]]},
+                           UsePolicy()) is None
+
+        scrape = httpx.get(f"{hub.url}services/tuner/metrics", timeout=30,
+                           headers={"Authorization": f"token {hub.admin_token}"})
+        assert scrape.status_code == 200, scrape.text
+        assert (_metric(scrape.text, "tunehub_gpu_used_seconds_total", person="ann",
+                        kind="notebook") or 0) > 0
+        assert admin.delete("users/ann/server").status_code in (202, 204)
+
+
+def _literal(value: Any) -> str:
+    """``value`` as Python source inside a config that is ``str.format``-ed once."""
+    return repr(value).replace("{", "{{").replace("}", "}}")
+
+
 async def pool_page(pool: dict[str, Any], usage: dict[str, Any]) -> dict[str, list[str]]:
     """The rows of the sweeps page's GPU pool tables (``#pool-gpus``, ``#pool-flavors``,
     ``#pool-queue``, ``#pool-shares``) as Chromium renders them from ``pool`` and ``usage``:
@@ -441,9 +529,9 @@ def unqueued(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_pods_row_says_why_it_shows_no_figures() -> None:
-    """A notebook pod (readings go to the hub only), a trial pod not measured yet, one whose
-    readings stopped, one without NVML: null figures and the reason; a fresh reading of two
-    GPUs: their mean utilisation and summed memory."""
+    """A notebook pod whose server's report was not read yet, a trial pod not measured yet,
+    one whose readings stopped, one without NVML: null figures and the reason; a fresh reading
+    of two GPUs: their mean utilisation and summed memory."""
     from tunehub_base.gpu_meter import UseMeter, UsePolicy
     from tunehub_base.gpu_usage import GpuReading
     from tuner.pool_sources.kube_use import NOT_MEASURED, NOTEBOOK, pod_use, row_figures

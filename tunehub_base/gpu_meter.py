@@ -14,6 +14,7 @@ measured`) as :meth:`UseMeter.to_json` gives them, and end in the GPU-hours ledg
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,23 @@ class UseMeter:
     last: dict[str, Any] | None = None  # the latest reading
     absent: str | None = None  # why the latest reading had no figures
 
+    @classmethod
+    def resumed(cls, gpu: str, kept: dict[str, Any]) -> UseMeter:
+        """The meter whose :meth:`to_json` was ``kept`` (taken up where it stopped: by another
+        process, or after a restart); fields that are missing or wrong start afresh."""
+        meter = cls(gpu, since=_number(kept.get("last_at")) or 0.0)
+        for name in ("measured_seconds", "used_seconds", "busy_seconds"):
+            setattr(meter, name, _number(kept.get(name)) or 0.0)
+        meter.peak_memory_bytes = int(_number(kept.get("peak_memory_bytes")) or 0)
+        total = _number(kept.get("memory_total_bytes"))
+        meter.memory_total_bytes = None if total is None else int(total)
+        meter.samples = int(_number(kept.get("samples")) or 0)
+        meter.last_at = _number(kept.get("last_at"))
+        meter.ever_busy = kept.get("ever_busy") is True
+        meter.last = kept.get("last") if isinstance(kept.get("last"), dict) else None
+        meter.absent = kept.get("absent") if isinstance(kept.get("absent"), str) else None
+        return meter
+
     def add(self, reading: GpuReading, now: float, policy: UsePolicy) -> None:
         """Count ``reading``, taken at ``now``, for the time since the previous one."""
         span = max(0.0, now - (self.last_at if self.last_at is not None else self.since))
@@ -98,3 +116,10 @@ class UseMeter:
                 "unused": self.unused(policy), "peak_memory_bytes": self.peak_memory_bytes,
                 "memory_total_bytes": self.memory_total_bytes, "samples": self.samples,
                 "last_at": self.last_at, "last": self.last, "absent": self.absent}
+
+
+def _number(value: Any) -> float | None:
+    """``value`` if it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None

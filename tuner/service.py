@@ -200,7 +200,8 @@ async def serve() -> None:
             from tuner.pool_sources.kube_metrics import watch_kube_pool
 
             source = ctx.pool_source = KubernetesPoolSource(
-                cluster.settings, db, groups_of=hub_groups.of if hub_groups else lambda p: ())
+                cluster.settings, db, groups_of=hub_groups.of if hub_groups else lambda p: (),
+                hub=hub_groups)
             engine.gpu_use_sink = source.use_writer.measured  # trial pods' readings, kept
             ctx.pool_metrics = watch_kube_pool(source)
     if hub_groups is not None:

@@ -214,8 +214,8 @@ class GpuHolding(Base):
     end: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
     stale: Mapped[bool] = mapped_column(Boolean, default=False)
     #: GPU-seconds used (utilisation-weighted, summed over the pod's GPUs) as the pod measured
-    #: them (:mod:`tuner.pool_sources.kube_use`); 0 until a reading arrives (notebook pods:
-    #: always, their readings go to the hub only).
+    #: them (:mod:`tuner.pool_sources.kube_use`; a notebook pod's from its server's reports to
+    #: the hub, :mod:`tuner.pool_sources.kube_notebook_use`); 0 until a reading arrives.
     used_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     #: The pod's measured use so far, shaped like a holder record's ``use`` on one machine,
     #: with each GPU's latest reading under ``gpus``; null until measured.

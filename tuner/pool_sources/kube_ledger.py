@@ -69,6 +69,24 @@ class KubeHoldingLedger:
                 used_seconds=float(use.get("used_seconds") or 0.0), use=use))
             return bool(getattr(result, "rowcount", 0))
 
+    def open_notebooks(self) -> list[tuple[str, str, str, dict[str, Any] | None]]:
+        """Each notebook pod holding GPUs now: its uid, person, server and use so far."""
+        with self.db.session() as s:
+            rows = s.execute(select(GpuHolding.pod_uid, GpuHolding.person, GpuHolding.server,
+                                    GpuHolding.use).where(
+                GpuHolding.kind == "notebook", GpuHolding.end.is_(None))).all()
+        return [(uid, person, server or "", use if isinstance(use, dict) else None)
+                for uid, person, server, use in rows]
+
+    def measured_pod(self, uid: str, use: dict[str, Any]) -> bool:
+        """Keep a pod's measured use so far in its row (a notebook's: by its uid, which the
+        reader of its reports has); False when the row is gone or closed."""
+        with self.db.session() as s:
+            result = s.execute(update(GpuHolding).where(
+                GpuHolding.pod_uid == uid, GpuHolding.end.is_(None)).values(
+                used_seconds=float(use.get("used_seconds") or 0.0), use=use))
+            return bool(getattr(result, "rowcount", 0))
+
     def uses(self, uids: list[str]) -> dict[str, dict[str, Any]]:
         """The measured use of the pods ``uids`` that have one."""
         if not uids:

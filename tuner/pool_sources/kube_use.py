@@ -12,9 +12,9 @@ Writes are coalesced: a pod reports every ``TUNEHUB_GPU_SAMPLE_SECONDS``; only i
 sum waits to be written, by one task off the event loop, so a slow database delays the figures
 and never the trial's reports.
 
-Notebook pods are not measured here: their servers report their readings to the hub
-(:mod:`hub.gpu_reclaim`), which keeps them in memory for the idle-GPU rule and passes them to
-no one; their rows show allocation only.
+Notebook pods' servers report their readings to the hub (:mod:`hub.gpu_reclaim`, the idle-GPU
+rule); the tuner reads them from there into the same rows, summed the same way
+(:mod:`.kube_notebook_use`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from tuner.pool_sources.kube_ledger import KubeHoldingLedger
 log = logging.getLogger("tunehub.pool")
 STALE_SAMPLES = 3  # readings missed before a pod's figures count as old
 NOT_MEASURED = "no reading from the pod yet"
-NOTEBOOK = ("notebook pods' readings go to the hub (idle-GPU reclaim), not to the tuner: "
-            "allocation only")
+NOTEBOOK = "no report from the notebook's server yet (read from the hub)"
 
 
 def pod_use(meters: Mapping[str, UseMeter], policy: UsePolicy) -> dict[str, Any]:

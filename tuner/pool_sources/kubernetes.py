@@ -10,7 +10,8 @@
   Kueue's visibility API (``get localqueues/pendingworkloads``) and Kueue's reason;
 - GPU-hours: the holdings :mod:`.kube_recorder` writes to the database;
 - what each trial pod's GPUs do and the GPU-hours it used: its own readings, which the tuner
-  keeps in its holding's row (:mod:`.kube_use`).
+  keeps in its holding's row (:mod:`.kube_use`); a notebook pod's: its server's reports to
+  the hub, which the tuner reads into its row (:mod:`.kube_notebook_use`).
 
 Each read that is refused or fails leaves its part empty with the reason in ``errors``,
 never a failed page: the pool is a view."""
@@ -32,9 +33,11 @@ from tuner.backends.kubernetes.settings import KubeSettings
 from tuner.db import Database
 from tuner.pool_sources._base import PoolSource
 from tuner.pool_sources.kube_ledger import KubeHoldingLedger
+from tuner.pool_sources.kube_notebook_use import NotebookUseReader
 from tuner.pool_sources.kube_recorder import HoldingRecorder, release_pods
 from tuner.pool_sources.kube_use import PodUseWriter, row_figures
 from tuner.pool_view import iso
+from tuner.scheduling.hub_groups import HubGroups
 
 log = logging.getLogger("tunehub.pool")
 
@@ -43,21 +46,30 @@ class KubernetesPoolSource(PoolSource):
     mode = "kubernetes"
 
     def __init__(self, settings: KubeSettings, db: Database,
-                 groups_of: Callable[[str], tuple[str, ...]] = lambda person: ()) -> None:
+                 groups_of: Callable[[str], tuple[str, ...]] = lambda person: (),
+                 hub: HubGroups | None = None) -> None:
         """``groups_of``: the hub groups a person is a member of (their pods' GPU-hours
-        count for those groups too)."""
+        count for those groups too); ``hub``: the hub's API as this service reaches it,
+        where notebook servers' GPU reports are read (None: notebook rows show allocation
+        only)."""
         self.settings = settings
         self.groups_of = groups_of
         self.ledger = KubeHoldingLedger(db)
         #: Where the controllers' meters of trial pods go (:meth:`SweepHost.gpu_use_sink`).
         self.use_writer = PodUseWriter(self.ledger)
+        self.notebook_use = None if hub is None else NotebookUseReader(
+            self.ledger, hub.api_url, hub.token, hub.verify)
         self.kube: Kube | None = None
         self.recorder: HoldingRecorder | None = None
         self._recording: asyncio.Task[None] | None = None
+        self._reading: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Connect and start recording holdings; a cluster that cannot be reached is logged
         and tried again at the next view (the service serves without it)."""
+        if self.notebook_use is not None and self._reading is None:
+            self._reading = asyncio.get_running_loop().create_task(
+                self.notebook_use.run(), name="k8s-notebook-gpu-use")
         try:
             await self._connect()
         except Exception as exc:
@@ -74,9 +86,10 @@ class KubernetesPoolSource(PoolSource):
 
     async def close(self) -> None:
         await self.use_writer.close()
-        if self._recording is not None:
-            self._recording.cancel()
-            await asyncio.gather(self._recording, return_exceptions=True)
+        for task in (self._recording, self._reading):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.kube is not None:
             await self.kube.close()
             self.kube = None
