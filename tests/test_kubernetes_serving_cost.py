@@ -153,17 +153,24 @@ def test_budget_sweep_measures_in_pods_and_promotes_the_model_that_fits(
     assert sorted(p.name for p in registry.iterdir() if p.name.isdigit()) == ["1"]
 
 
+@pytest.mark.parametrize(("setting", "value", "said"), [
+    ("TUNEHUB_K8S_MEASURE_MEMORY", "100Mi", "OOMKilled"),
+    ("TUNEHUB_K8S_MEASURE_TIMEOUT", "1s",
+     "ran past its deadline (TUNEHUB_K8S_MEASURE_TIMEOUT, DeadlineExceeded)"),
+], ids=["out-of-memory", "past-its-deadline"])
 def test_a_failed_measuring_pod_says_why_and_nothing_is_promoted(
-        kube: KubeCluster, tmp_path: Path, saved_models: Path) -> None:
-    """The measuring pod's memory cannot hold TensorFlow: OOMKilled, said on the trial, and
-    the model, unmeasured, is not promoted under the budget."""
+        kube: KubeCluster, tmp_path: Path, saved_models: Path, setting: str, value: str,
+        said: str) -> None:
+    """The measuring pod's memory cannot hold TensorFlow (OOMKilled), or its deadline is
+    shorter than TensorFlow's start (the Job controller's DeadlineExceeded): said on the trial,
+    and the model, unmeasured, is not promoted under the budget."""
     sweep, seen = _sweep(kube, tmp_path, saved_models, ["small"],
                          [{"name": "val_accuracy", "direction": "maximize"}],
-                         TUNEHUB_K8S_MEASURE_MEMORY="100Mi")
+                         **{setting: value})
     [trial] = sweep["trials_detail"]
     assert trial["state"] == "completed", trial
     assert trial["reason"].startswith("serving cost not measured: the measuring pod "), trial
-    assert "OOMKilled" in trial["reason"], trial["reason"]
+    assert said in trial["reason"], trial["reason"]
     assert "model_size_mb" not in (trial["metrics"] or {}), trial
     assert sweep["versions"] == [], sweep
     assert "nothing promoted" in sweep["reason"], sweep["reason"]
