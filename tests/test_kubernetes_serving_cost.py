@@ -178,3 +178,18 @@ def test_a_failed_measuring_pod_says_why_and_nothing_is_promoted(
     assert kube.objects("jobs", label_selector=COMPONENT) == []
     assert list((kube.data_dir / ".tunehub" / "serving-cost").iterdir()) == []
     json.dumps(sweep)  # the reason is plain data for the API
+
+
+def test_an_evicted_measuring_pod_is_named_with_the_eviction() -> None:
+    """A measuring pod preempted (the scheduler's ``DisruptionTarget`` condition, as the
+    emulator and a cluster set it) is said as an eviction with its message, not as a failure
+    with an exit code; the deadline and a pod's own failure are told apart the same way."""
+    from tuner.backends.kubernetes.measuring import KubernetesMeasurer
+
+    evicted = {"metadata": {"name": "m-1-abc"}, "status": {"phase": "Failed", "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+         "message": "preempted by tunehub/jupyter-ann"}]}}
+    assert KubernetesMeasurer._failure("m-1", "BackoffLimitExceeded", [evicted], None) == (
+        "the measuring pod m-1 was evicted: preempted by tunehub/jupyter-ann")
+    assert "ran past its deadline" in KubernetesMeasurer._failure(
+        "m-1", "DeadlineExceeded", [evicted], None)
