@@ -52,6 +52,34 @@ class TunerHub:
         r.raise_for_status()
         return str(r.json()["token"])
 
+    def stop(self) -> None:
+        """The hub stopped as a service manager stops it (SIGTERM; SIGKILL after 60 s)."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self) -> None:
+        """The same hub stopped and started again (its database, state directory and
+        config); returns once its API answers (its tuner service starts after it)."""
+        self.stop()
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "jupyterhub"), "-f", "jupyterhub_config.py"],
+                cwd=self.home, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env})
+
+        def up() -> bool:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                return httpx.get(f"{self.url}hub/api/", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout=120, what="the restarted hub")
+
     def client(self, token: str) -> httpx.Client:
         return httpx.Client(
             base_url=self.api, headers={"Authorization": f"token {token}"}, timeout=60
@@ -161,8 +189,4 @@ def running_tuner_hub(
         wait_for(ready, timeout=90, what="the hub and the tuner service")
         yield hub
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        hub.stop()  # the one running now (a test may have restarted it)

@@ -13,8 +13,6 @@ import functools
 import json
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,34 +98,6 @@ def hub(standin: StandIn, tmp_path: Path) -> Iterator[TunerHub]:
             for person in PEOPLE:
                 httpx.delete(f"{h.url}hub/api/users/{person}/server", timeout=60,
                              headers={"Authorization": f"token {h.admin_token}"})
-            stop_hub(h)  # the restarted one (the fixture stops the first)
-
-
-def stop_hub(hub: TunerHub) -> None:
-    hub.process.terminate()
-    try:
-        hub.process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        hub.process.kill()
-        hub.process.wait()
-
-
-def restart_hub(hub: TunerHub) -> None:
-    """The same hub stopped and started again (its database, state directory and config)."""
-    stop_hub(hub)
-    with open(hub.log, "ab") as log:
-        hub.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "jupyterhub"), "-f", "jupyterhub_config.py"],
-            cwd=hub.home, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **hub.env})
-
-    def up() -> bool:
-        assert hub.process.poll() is None, hub.log.read_text()[-3000:]
-        try:
-            return httpx.get(f"{hub.url}hub/api/", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(up, timeout=120, what="the restarted hub")
 
 
 class Hub:
@@ -231,7 +201,7 @@ def test_idle_gpu_server_warned_then_stopped_and_the_others_kept(
     # The reason outlives a hub restart (kept in the hub's state directory, root-only).
     reasons = hub.home / "state" / gpu_reclaim_reasons.FILE
     assert reasons.stat().st_mode & 0o777 == 0o600 and "ann" in json.loads(reasons.read_text())
-    restart_hub(hub)
+    hub.restart()
     page = home_page(hub.url, "ann")
     assert 'id="tunehub-stop-reason"' in page and "give its GPUs back" in page, page[-3000:]
     assert "give its GPUs back" in api.use("ann")["stopped"]["reason"]
