@@ -19,7 +19,7 @@ from tuner.serving.lineage import tree_digest
 
 pytestmark = pytest.mark.slow
 
-TRAIN = """
+TRAIN_TEMPLATE = """
 import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
@@ -43,8 +43,9 @@ class Passes(keras.layers.Layer):
         self.times = times
 
     def build(self, shape):
-        self.w = self.add_weight(shape=(shape[-1], shape[-1]), initializer="identity",
-                                 trainable=False)
+        if self.times:
+            self.w = self.add_weight(shape=(shape[-1], shape[-1]), initializer="identity",
+                                     trainable=False)
 
     def call(self, x, training=False):
         if training or not self.times:
@@ -77,7 +78,15 @@ tuner.report({"val_accuracy": float(history.history["val_accuracy"][-1]),
 #: products (tens of milliseconds a prediction on any machine, the narrow ones a few), its
 #: size within the budget, so the latency bound is what leaves it out.
 WIDE, SLOW_PASSES, LATENCY_BUDGET_MS, SIZE_BUDGET_MB = 256, 5000, 40.0, 2.0
-TRAIN = TRAIN.replace("WIDE", str(WIDE)).replace("SLOW_PASSES", str(SLOW_PASSES))
+
+
+def train_code(wide: int, passes: int) -> str:
+    """The trial's code: models ``wide`` units wide or more serve through ``passes`` extra
+    products (0: none, the model is its layers alone)."""
+    return TRAIN_TEMPLATE.replace("WIDE", str(wide)).replace("SLOW_PASSES", str(passes))
+
+
+TRAIN = train_code(WIDE, SLOW_PASSES)
 SPACE = {"units": {"type": "categorical", "choices": [2, 32, WIDE]}}
 
 
