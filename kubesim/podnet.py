@@ -20,21 +20,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 from pathlib import Path
+
+from tunehub_base.ports import unclaimed_port
 
 from .objects import JSON
 
 #: Environment variable naming the table for :mod:`kubesim.podnet_site.sitecustomize`.
 HOSTS_ENV = "KUBE_HARNESS_POD_HOSTS"
 SITE_DIR = Path(__file__).resolve().parent / "podnet_site"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PodNetwork:
@@ -53,8 +48,16 @@ class PodNetwork:
         self._count += 1
         n = self._count
         ip = f"127.0.{n // 250 % 250}.{n % 250 + 2}"  # never 127.0.0.1 (the host's)
-        ports = {str(p["containerPort"]): _free_port()
-                 for c in pod["spec"]["containers"] for p in c.get("ports") or []}
+        # Pods share the host's ports: each its own, none another pod's (maybe not bound yet).
+        taken = {port for other in self._pods.values() for port in other["ports"].values()}
+        ports: dict[str, int] = {}
+        for name in [str(p["containerPort"])
+                     for c in pod["spec"]["containers"] for p in c.get("ports") or []]:
+            port = unclaimed_port()
+            while port in taken:
+                port = unclaimed_port()
+            taken.add(port)
+            ports[name] = port
         names = []
         spec, ns = pod["spec"], pod["metadata"]["namespace"]
         if spec.get("hostname") and spec.get("subdomain"):
