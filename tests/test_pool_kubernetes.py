@@ -403,11 +403,15 @@ def test_a_notebook_pods_gpu_use_reaches_the_pool_and_usage_from_its_servers_rep
         # Counted once, however often the same report is read: the row's sum grows only with
         # the server's new reports (its last one's time is the hub's).
         ledger = KubeHoldingLedger(Database(f"sqlite:///{tmp_path / 'tuner.sqlite'}"))
-        (uid, person, server, use), = ledger.open_notebooks()
-        assert (person, server) == ("ann", "")
+        (uid, person, server, gpus, use), = ledger.open_notebooks()
+        assert (person, server, gpus) == ("ann", "", 1)
         last = use["gpus"]["0"]["last_at"]
         assert with_report(use, {"at": last, "readings": [use["gpus"]["0"]["last"]]},
-                           UsePolicy()) is None
+                           UsePolicy(), gpus) is None
+        # A server's report counts for no more GPUs than its pod holds.
+        two = [{**use["gpus"]["0"]["last"], "gpu": g} for g in ("0", "1")]
+        assert list(with_report(None, {"at": last + 1, "readings": two}, UsePolicy(),
+                                gpus)["gpus"]) == ["0"]
 
         scrape = httpx.get(f"{hub.url}services/tuner/metrics", timeout=30,
                            headers={"Authorization": f"token {hub.admin_token}"})

@@ -70,10 +70,11 @@ class UseMeter:
     absent: str | None = None  # why the latest reading had no figures
 
     @classmethod
-    def resumed(cls, gpu: str, kept: dict[str, Any]) -> UseMeter:
+    def resumed(cls, gpu: str, kept: dict[str, Any], since: float) -> UseMeter:
         """The meter whose :meth:`to_json` was ``kept`` (taken up where it stopped: by another
-        process, or after a restart); fields that are missing or wrong start afresh."""
-        meter = cls(gpu, since=_number(kept.get("last_at")) or 0.0)
+        process, or after a restart); fields that are missing or wrong start afresh, and a
+        meter with no reading time counts from ``since``."""
+        meter = cls(gpu, since=_number(kept.get("last_at")) or since)
         for name in ("measured_seconds", "used_seconds", "busy_seconds"):
             setattr(meter, name, _number(kept.get(name)) or 0.0)
         meter.peak_memory_bytes = int(_number(kept.get("peak_memory_bytes")) or 0)

@@ -105,7 +105,7 @@ def unclaimed_port(host: str = "127.0.0.1") -> int:
     lowest = 1024 if low - _PICK_SPAN < 1024 else low - _PICK_SPAN
     candidates = range(lowest, low) if low > 1024 + 256 else range(high + 1, 65536)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for _ in range(200):
+    for _ in range(200 if len(candidates) else 0):
         port = random.choice(candidates)
         with socket.socket(family) as s:
             try:

@@ -69,14 +69,14 @@ class KubeHoldingLedger:
                 used_seconds=float(use.get("used_seconds") or 0.0), use=use))
             return bool(getattr(result, "rowcount", 0))
 
-    def open_notebooks(self) -> list[tuple[str, str, str, dict[str, Any] | None]]:
-        """Each notebook pod holding GPUs now: its uid, person, server and use so far."""
+    def open_notebooks(self) -> list[tuple[str, str, str, int, dict[str, Any] | None]]:
+        """Each notebook pod holding GPUs now: its uid, person, server, GPUs and use so far."""
         with self.db.session() as s:
             rows = s.execute(select(GpuHolding.pod_uid, GpuHolding.person, GpuHolding.server,
-                                    GpuHolding.use).where(
+                                    GpuHolding.gpus, GpuHolding.use).where(
                 GpuHolding.kind == "notebook", GpuHolding.end.is_(None))).all()
-        return [(uid, person, server or "", use if isinstance(use, dict) else None)
-                for uid, person, server, use in rows]
+        return [(uid, person, server or "", int(gpus), use if isinstance(use, dict) else None)
+                for uid, person, server, gpus, use in rows]
 
     def measured_pod(self, uid: str, use: dict[str, Any]) -> bool:
         """Keep a pod's measured use so far in its row (a notebook's: by its uid, which the

@@ -30,18 +30,18 @@ from tuner.pool_sources.kube_ledger import KubeHoldingLedger
 from tuner.pool_sources.kube_use import pod_use
 
 log = logging.getLogger("tunehub.pool")
-MAX_GPUS = 64  # GPUs of one notebook pod counted (a report is the server's, checked here)
 
 
 def with_report(use: dict[str, Any] | None, report: dict[str, Any] | None,
-                policy: UsePolicy) -> dict[str, Any] | None:
-    """``use`` (a row's, or None) with the server's ``report`` counted; None when the report
-    adds nothing (absent, malformed, or not newer than what the row counted)."""
+                policy: UsePolicy, gpus: int) -> dict[str, Any] | None:
+    """``use`` (a row's, or None) with the server's ``report`` counted, for at most ``gpus``
+    GPUs (what the pod holds: the report is the person's server's, so it cannot count more);
+    None when the report adds nothing (absent, malformed, or not newer than the row's)."""
     if not isinstance(report, dict) or not isinstance(report.get("at"), int | float):
         return None
     at = float(report["at"])
     kept = (use or {}).get("gpus") or {}
-    meters = {gpu: UseMeter.resumed(gpu, data) for gpu, data in kept.items()
+    meters = {gpu: UseMeter.resumed(gpu, data, since=at) for gpu, data in kept.items()
               if isinstance(gpu, str) and isinstance(data, dict)}
     readings = []
     for item in report.get("readings") or []:
@@ -54,7 +54,7 @@ def with_report(use: dict[str, Any] | None, report: dict[str, Any] | None,
     for reading in readings:
         meter = meters.get(reading.gpu)
         if meter is None:
-            if len(meters) >= MAX_GPUS:
+            if len(meters) >= gpus:
                 continue
             meter = meters[reading.gpu] = UseMeter(reading.gpu, since=at)
         meter.add(reading, at, policy)
@@ -99,17 +99,17 @@ class NotebookUseReader:
         policy = UsePolicy.from_env()
         written = 0
         async with httpx.AsyncClient(verify=self.verify, timeout=10) as client:  # type: ignore[arg-type]
-            for person in sorted({person for _, person, _, _ in holdings}):
+            for person in sorted({person for _, person, _, _, _ in holdings}):
                 r = await client.get(f"{self.api_url}/tunehub/gpu-use/{quote(person, safe='')}",
                                      headers={"Authorization": f"token {self.token}"})
                 if r.status_code == 404:
                     continue  # no such person on the hub (any more)
                 r.raise_for_status()
                 servers = r.json().get("servers") or {}
-                for uid, who, server, use in holdings:
+                for uid, who, server, gpus, use in holdings:
                     if who != person:
                         continue
-                    newer = with_report(use, servers.get(server), policy)
+                    newer = with_report(use, servers.get(server), policy, gpus)
                     if newer is not None and await asyncio.to_thread(
                             self.ledger.measured_pod, uid, newer):
                         written += 1
