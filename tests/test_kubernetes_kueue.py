@@ -51,7 +51,8 @@ step = start
 while not os.path.exists(sys.argv[1]):
     step += 1
     ck.checkpoint({"step": step}, step)
-    open("progress", "w").write(str(step))
+    open("progress.new", "w").write(str(step))
+    os.replace("progress.new", "progress")  # whole, even if the pod is killed mid-write
     time.sleep(0.05)
 print("finished at", step, flush=True)
 """
@@ -155,7 +156,7 @@ async def test_kueue_evicts_a_trial_for_a_notebook_and_it_resumes_as_preempted(
 
     async def progressed() -> bool:
         progress = first.workdir / "progress"
-        return progress.exists() and int(progress.read_text() or 0) >= 3
+        return progress.exists() and int(progress.read_text()) >= 3
     await eventually(progressed, 60, "the low-priority trial to checkpoint a few steps")
 
     # A notebook queued in Kueue needs both GPUs: Kueue evicts the trial's Workload.
@@ -229,7 +230,7 @@ async def test_an_eviction_while_the_tuner_was_down_is_a_preemption_after_its_re
 
     async def progressed() -> bool:
         progress = first.workdir / "progress"
-        return progress.exists() and int(progress.read_text() or 0) >= 2
+        return progress.exists() and int(progress.read_text()) >= 2
     await eventually(progressed, 60, "the trial to checkpoint")
     await be.close()  # the tuner dies
 

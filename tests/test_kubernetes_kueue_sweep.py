@@ -29,7 +29,8 @@ step = start
 while not os.path.exists(os.environ["GATE"]):
     step += 1
     tuner.checkpoint({"step": step, "x": p["x"]}, step)
-    open(os.environ["PROGRESS"], "w").write(str(step))
+    open(os.environ["PROGRESS"] + ".new", "w").write(str(step))
+    os.replace(os.environ["PROGRESS"] + ".new", os.environ["PROGRESS"])  # whole if killed
     time.sleep(0.05)
 tuner.report(float(start))
 """
@@ -52,7 +53,7 @@ def test_a_trial_kueue_evicts_resumes_as_preempted_and_sweep_show_says_why(
                        resources={"cpu": 0.1, "memory": "256Mi", "gpu": 2, "gpu_type": "a100"})
     run = home.popen("sweep", "run", str(spec), "--backend", "kubernetes", "--wait", "--json")
     try:
-        wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 3, 120,
+        wait_for(lambda: progress.exists() and int(progress.read_text()) >= 3, 120,
                  "the trial to checkpoint a few steps")
         first = _trial(home)
         kube.create(notebook("jupyter-bob", done))  # both GPUs, notebook workload priority
