@@ -30,6 +30,7 @@ from benchmarks._common import REPO
 TESTS = (
     "tests/test_database_outage.py::test_postgres_crash_mid_sweep_loses_nothing",
     "tests/test_database_outage.py::test_postgres_crash_mid_service_sweep_loses_nothing",
+    "tests/test_lost_commit.py",
     "tests/test_faults_startup.py",
     "tests/test_faults_tuner_killed.py",
     "tests/test_faults_hub_restart.py",

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tuner.search.optuna_adapter import GridSampler, trial_for
+from tuner.search.optuna_adapter import GridSampler, create_trial_once, trial_for
 
 REPO = Path(__file__).resolve().parent.parent
 GRID = {"x": [0.1, 0.2, 0.3]}
@@ -108,7 +108,8 @@ def test_trial_for_is_a_handle_on_an_existing_trial() -> None:
 
 def test_storage_calls_of_the_mirror(tmp_path: Path) -> None:
     """What :mod:`tuner.search.mirror` does with the storage interface: copy a trial asked in memory
-    into the database study in one insert, find ids by number, add a parameter."""
+    into the database study in one insert (``RDBStorage._get_prepared_new_trial`` in a transaction
+of ours, through :func:`create_trial_once`), find ids by number, add a parameter."""
     db = RDBStorage(f"sqlite:///{tmp_path / 'optuna.sqlite'}")
     optuna.create_study(study_name="db", storage=db)
     db_study = db.get_study_id_from_name("db")
@@ -122,7 +123,8 @@ def test_storage_calls_of_the_mirror(tmp_path: Path) -> None:
         )
     )
 
-    copied_id = db.create_new_trial(db_study, template_trial=frozen)
+    copied_id = create_trial_once(db, db_study, frozen)
+    assert create_trial_once(db, db_study, frozen) == copied_id  # a retry adds nothing
     copied = db.get_trial(copied_id)
     assert copied.number == frozen.number == 0
     assert copied.state == TrialState.RUNNING

@@ -189,9 +189,15 @@ async def once_reachable(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) 
 
 
 def patient(fn: Callable[P, R]) -> Callable[P, R]:
-    """``fn`` (one whole database transaction, safe to run again after a failed attempt)
-    retried with backoff while the database is unreachable, for callers that wait; for the
-    others, the outage raised as :class:`DatabaseUnavailable`."""
+    """``fn`` (one whole database transaction) retried with backoff while the database is
+    unreachable, for callers that wait; for the others, the outage raised as
+    :class:`DatabaseUnavailable`.
+
+    ``fn`` must be idempotent, not merely safe to run again after a failure: a connection
+    lost while ``COMMIT`` is answered leaves a transaction that did commit and a caller that
+    cannot tell, and the retry then runs it a second time. So each write first looks for its
+    own effect in the same transaction (the ledger's) or asks before trying again (the Optuna
+    mirror's, :meth:`tuner.search.mirror.StudyMirror.write`)."""
 
     @wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:

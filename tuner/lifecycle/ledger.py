@@ -215,9 +215,15 @@ class Ledger:
         self, sweep_id: int, decide: Decide, trials_reason: str
     ) -> tuple[SweepState, list[int]]:
         """:meth:`end_sweep`'s transaction: the state, and the numbers of the trials it
-        cancelled."""
+        cancelled. Idempotent: a sweep already ended is answered as it was ended (its trials
+        cancelled with ``trials_reason``)."""
         with self.db.session() as s:
             sweep = _sweep(s, sweep_id, lock=True)
+            if sweep.state.is_finished():
+                return SweepState(sweep.state), list(s.scalars(
+                    select(Trial.number).where(Trial.sweep_id == sweep_id,
+                                               Trial.state == TrialState.CANCELLED,
+                                               Trial.reason == trials_reason)))
             open_trials = s.scalars(
                 select(Trial).where(
                     Trial.sweep_id == sweep_id, Trial.state.in_(TrialState.unfinished())
@@ -242,8 +248,13 @@ class Ledger:
         self, sweep_id: int, number: int, optuna_trial_id: int, params: dict[str, Any],
         paths: TrialPaths,
     ) -> int:
-        """A new pending trial (asked from Optuna); returns its id."""
+        """A new pending trial (asked from Optuna); returns its id. Idempotent (a retry
+        after a lost commit answer finds the row its last try wrote)."""
         with self.db.session() as s:
+            written = s.scalar(select(Trial.id).where(Trial.sweep_id == sweep_id,
+                                                      Trial.number == number))
+            if written is not None:
+                return written
             row = Trial(
                 sweep_id=sweep_id,
                 number=number,
@@ -260,9 +271,12 @@ class Ledger:
 
     @patient
     def start_attempt(self, sweep_id: int, trial_id: int, token_hash: str) -> AttemptStart:
-        """The trial's next attempt starts (pending → running) with a fresh token."""
+        """The trial's next attempt starts (pending → running) with a fresh token.
+        Idempotent: the attempt whose token is already the trial's is not started again."""
         with self.db.session() as s:
             row = _trial(s, trial_id)
+            if row.state == TrialState.RUNNING and row.token_hash == token_hash:
+                return _attempt_start(row)
             row.state = check_trial(row.state, TrialState.RUNNING)
             row.attempts += 1
             row.token_hash = token_hash
@@ -276,16 +290,7 @@ class Ledger:
                 ))
                 if started.rowcount == 0:
                     raise NotFound(f"sweep {sweep_id} not found")
-            return AttemptStart(
-                trial_id=trial_id,
-                number=row.number,
-                attempt=row.attempts,
-                params=dict(row.params),
-                paths=TrialPaths.of(row),
-                optuna_trial_id=row.optuna_trial_id,
-                previous_reason=row.reason,
-                preemptions=row.preemptions or 0,
-            )
+            return _attempt_start(row)
 
     @patient
     def set_reasons(self, reasons: dict[int, str | None]) -> None:
@@ -300,10 +305,13 @@ class Ledger:
         """Running → pending: a failed attempt with retries left, attempts that died with
         their controller, or (``preempted``) an attempt the GPU pool stopped for a notebook,
         which is counted in ``preemptions`` so that it is no retry. The old attempt's token
-        dies; the next attempt gets a new one."""
+        dies; the next attempt gets a new one. Idempotent: a trial already pending without a
+        token was requeued (a retry after a lost commit answer counts no second preemption)."""
         with self.db.session() as s:
             for trial_id in trial_ids:
                 row = _trial(s, trial_id)
+                if row.state == TrialState.PENDING and row.token_hash is None:
+                    continue
                 row.state = check_trial(row.state, TrialState.PENDING)
                 row.reason, row.token_hash = reason, None
                 if preempted:
@@ -338,10 +346,13 @@ class Ledger:
         figures: dict[str, float] | None = None,
     ) -> tuple[int, Counts]:
         """:meth:`finish_trial`'s transaction (retried alone through an outage: the tell
-        after it is not part of it)."""
+        after it is not part of it). Idempotent: a trial already ended in ``state`` is not
+        counted again."""
         with self.db.session() as s:
             row = _trial(s, trial_id)
             sweep = _sweep(s, sweep_id)
+            if row.state == state and row.finished_at is not None and row.token_hash is None:
+                return row.number, Counts.of(sweep)
             row.state = check_trial(row.state, state)
             row.reason, row.finished_at = reason, utcnow()
             row.has_model = has_model
@@ -361,9 +372,12 @@ class Ledger:
 
     @patient
     def adopt_outcome(self, trial_id: int, state: TrialState, value: float | None) -> None:
-        """Recovery: Optuna already holds this unfinished trial's outcome; our row takes it."""
+        """Recovery: Optuna already holds this unfinished trial's outcome; our row takes it
+        (idempotent)."""
         with self.db.session() as s:
             row = _trial(s, trial_id)
+            if row.state == state:
+                return
             row.state = check_trial(row.state, state)
             row.value = value if value is not None else row.value
             row.finished_at = row.finished_at or utcnow()
@@ -401,6 +415,19 @@ def _sweep(s: Session, sweep_id: int, lock: bool = False) -> SweepRow:
     if sweep is None:
         raise NotFound(f"sweep {sweep_id} not found")
     return sweep
+
+
+def _attempt_start(row: Trial) -> AttemptStart:
+    return AttemptStart(
+        trial_id=row.id,
+        number=row.number,
+        attempt=row.attempts,
+        params=dict(row.params),
+        paths=TrialPaths.of(row),
+        optuna_trial_id=row.optuna_trial_id,
+        previous_reason=row.reason,
+        preemptions=row.preemptions or 0,
+    )
 
 
 def _trial(s: Session, trial_id: int) -> Trial:

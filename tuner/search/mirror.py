@@ -43,11 +43,11 @@ from optuna.distributions import BaseDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
-from optuna.storages import BaseStorage, InMemoryStorage
+from optuna.storages import BaseStorage, InMemoryStorage, RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.db.outage import DatabaseUnavailable, patient
-from tuner.search.optuna_adapter import trial_for
+from tuner.search.optuna_adapter import create_trial_once, trial_for
 from tuner.search.pruning import EnoughTrialsPruner
 from tuner.search.sampling_view import BoundedPruner, BoundedTPE
 from tuner.search.study import complete_params, make_pruner, make_sampler, storage_for
@@ -132,7 +132,7 @@ class StudyMirror:
         # database numbers trials as the memory study did. (Taken before ``lock``, never
         # while holding it.)
         self._asking = threading.Lock()
-        self._storage: BaseStorage = storage_for(url)
+        self._storage: RDBStorage = storage_for(url)
         # The database study only records: its sampler is never asked for a suggestion
         # (``tell`` calls ``after_trial`` on it, which must cost nothing).
         self.db = optuna.load_study(
@@ -193,7 +193,7 @@ class StudyMirror:
                     self._pruner_view.started(trial.number)
                 frozen = self._memory_storage.get_trial(self.memory_trial_id(trial.number))
             # Without the lock: an outage is waited out here while reports go on.
-            trial_id = self.write(self._storage.create_new_trial, self._db_study_id, frozen)
+            trial_id = self.write(create_trial_once, self._storage, self._db_study_id, frozen)
             number = trial.number
             # One indexed read says whether the database numbered it the same (else another
             # writer added trials: rebuild).
@@ -240,7 +240,12 @@ class StudyMirror:
                 self._db_ids[trial] = db_id
         try:
             # Without the lock: an outage is waited out here while reports go on.
-            self.write(self.storage.set_trial_state_values, db_id, told.state, told.values)
+            def told_already() -> bool | None:
+                """Whether the last try's commit landed (its answer lost)."""
+                held = self._storage.get_trial(db_id)
+                return True if (held.state, held.values) == (told.state, told.values) else None
+            self.write(self._storage.set_trial_state_values, db_id, told.state, told.values,
+                       landed=told_already)
         except UpdateFinishedTrialError:
             if not skip_if_finished:
                 raise
@@ -248,14 +253,27 @@ class StudyMirror:
             return self.get_trials(deepcopy=True)[trial]
         return told
 
-    def write(self, method: Callable[..., Any], *args: Any) -> Any:
+    def write(self, method: Callable[..., Any], *args: Any,
+              landed: Callable[[], Any] | None = None) -> Any:
         """A write to the database study after the memory one: if it fails, the memory study
         is rebuilt from the database so the two never disagree. An unreachable database is
         waited out by a controller (:mod:`tuner.db.outage`); a request handler's write raises
         :class:`~tuner.db.outage.DatabaseUnavailable` with the memory study ahead, and the
-        request, sent again, writes it."""
+        request, sent again, writes it. A retry may follow a commit that landed with its
+        answer lost: ``method`` is idempotent, or ``landed()`` says whether the last try went
+        through (its answer, or None) before the retry tries again."""
+        tries = 0
+
+        def once() -> Any:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and landed is not None:
+                found = landed()
+                if found is not None:
+                    return found
+            return method(*args)
         try:
-            return patient(method)(*args)
+            return patient(once)()
         except DatabaseUnavailable:
             raise
         except Exception:
@@ -333,4 +351,6 @@ def bounded_pruner(pruner: BasePruner, seed: int | None) -> BoundedPruner | None
 
 
 def load_mirror(spec: SweepSpec, study_name: str, url: str) -> StudyMirror:
-    return StudyMirror(spec, study_name, url)
+    """The sweep's mirror, read from the database (an outage waited out by a controller:
+    building it only reads)."""
+    return patient(StudyMirror)(spec, study_name, url)

@@ -11,6 +11,10 @@ Everywhere else tunehub drives Optuna the way its documentation shows a user
 - :func:`record_intermediate_values` writes rows of Optuna's ``trial_intermediate_values``
   table (``optuna.storages._rdb.models``) in a transaction of tunehub's: a group commit of many
   trials' reports (:mod:`tuner.scheduling.report_writer`).
+- :func:`create_trial_once` adds an asked trial in a transaction of tunehub's through
+  ``RDBStorage._get_prepared_new_trial`` (the body of ``create_new_trial``), so that adding it
+  is idempotent: ``create_new_trial`` retries by itself after a failed commit, and a commit
+  that landed with its answer lost then leaves the trial in the study twice.
 
 One more seam is Optuna's storage interface (``BaseStorage``: ``get_study_id_from_name``,
 ``get_all_trials``, ``get_trial``, ``create_new_trial(template_trial=...)``,
@@ -28,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import optuna
+from optuna.storages import RDBStorage
 from optuna.storages._rdb import models as rdb_models
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -76,3 +81,23 @@ def record_intermediate_values(session: Session, rows: Sequence[tuple[int, int, 
         values.append({"trial_id": trial_id, "step": step, "intermediate_value": stored,
                        "intermediate_value_type": kind})
     session.execute(insert.on_conflict_do_nothing(index_elements=["trial_id", "step"]), values)
+
+
+def create_trial_once(storage: RDBStorage, study_id: int, template: FrozenTrial) -> int:
+    """The id of the study's trial numbered ``template.number``, added from ``template`` (an
+    asked trial: its parameters, its state) unless it is there already with the same
+    parameters: the trial a last try added, whose commit's answer was lost. One transaction,
+    the study's row locked as Optuna locks it to number a trial."""
+    with Session(storage.engine) as session, session.begin():
+        rdb_models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        there = session.query(rdb_models.TrialModel).filter(
+            rdb_models.TrialModel.study_id == study_id,
+            rdb_models.TrialModel.number == template.number).one_or_none()
+        if there is not None:
+            held = {p.param_name: p.param_value for p in there.params}
+            if held == {name: template.distributions[name].to_internal_repr(value)
+                        for name, value in template.params.items()}:
+                return int(there.trial_id)
+        trial = storage._get_prepared_new_trial(study_id, template, session)
+        session.flush()
+        return int(trial.trial_id)
