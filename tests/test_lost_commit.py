@@ -21,17 +21,19 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import optuna
 import pytest
 from optuna.trial import TrialState as OptunaTrialState
 
 from tests.fault_records import FaultRecord
 from tests.fault_records import record as record_fault
-from tests.test_controller import GUARD_SECONDS, Lab, assert_in_step_with_optuna
+from tests.test_controller import ALICE, GUARD_SECONDS, Lab, assert_in_step_with_optuna
 from tunehub_base.ports import unclaimed_port
 from tuner.backends.instant import quadratic_script
-from tuner.db.outage import waiting_out_outages
+from tuner.db.outage import unreachable, waiting_out_outages
 from tuner.lifecycle.states import SweepState, TrialState
 from tuner.search.study import forget_storages, storage_for
+from tuner.spec import SweepSpec
 
 #: A simple-protocol ``COMMIT`` as psycopg sends it: 'Q', the length (4 + 7), the statement.
 COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
@@ -50,6 +52,7 @@ class AnswerCutter:
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.armed = False
+        self.only = b""  # cut only kinds of write that start with this
         self.cut: list[bytes] = []  # the kinds of write whose commit answer was lost
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", unclaimed_port()))
@@ -80,7 +83,7 @@ class AnswerCutter:
             writes |= {b"".join(m.groups(b"")) for m in WRITE.finditer(data)}
             if COMMIT in seen:
                 with self._lock:
-                    new = sorted(writes - set(self.cut))
+                    new = sorted(w for w in writes - set(self.cut) if w.startswith(self.only))
                     if self.armed and new:
                         self.cut += new
                         doomed.set()
@@ -179,3 +182,34 @@ async def test_a_sweep_whose_commit_answers_are_lost_ends_with_each_trial_once(
         fault=f"commit answers lost ({len(relay.cut)} kinds of write, each once)",
         duration_s=took, sweeps=1, trials=trials, running=2, lost=0, recover_s=0.0,
         seen="the controller's log: database unreachable, retrying; then reachable again"))
+
+
+def test_a_submission_whose_commit_answer_is_lost_is_made_once(
+        tmp_path: Path, cutter: tuple[AnswerCutter, str]) -> None:
+    """The sweep's row committed, the answer lost: the submission must leave the sweep
+    whole (its code snapshot and its study: no clean-up of what committed) and the same
+    request sent again (the notebook client resends a 503 with the same Idempotency-Key)
+    must answer that sweep, not make a second."""
+    relay, url = cutter
+    lab = Lab(tmp_path, url)
+    spec = SweepSpec.from_dict({
+        "name": "once", "command": "python -c pass", "metric": "score", "trials": 2,
+        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}}, "code": str(tmp_path)})
+    relay.only, relay.armed = b"tunehub_sweeps", True
+    try:
+        with pytest.raises(Exception) as lost:
+            lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1")
+        assert unreachable(lost.value), lost.value  # the API answers it 503
+        assert b"tunehub_sweeps" in relay.cut  # the transaction that inserts the sweep
+        again = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1")
+        (only,) = lab.store.list(ALICE)
+        assert again.id == only.id and again.state == SweepState.QUEUED
+        assert Path(again.code_dir or "").is_dir()  # the snapshot: the clean-up left it
+        assert optuna.load_study(study_name=again.study_name, storage=url).trials == []
+        # Another request (another key, or none) is another sweep.
+        other = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-2")
+        assert other.id != again.id and len(lab.store.list(ALICE)) == 2
+    finally:
+        lab.db.dispose()
+        storage_for(url).engine.dispose()
+        forget_storages()

@@ -366,9 +366,18 @@ def test_model_names_code_paths_and_priority(world: dict[str, Any]) -> None:
     carols = world["platform"].data / "users" / "carol" / "p"
     carols.mkdir(parents=True)
     (carols / "quick.py").write_text(QUICK)
-    r = world["callers"]["carol"]("POST", "sweeps", json={"spec": spec(
-        carols, "urgent", "python quick.py", priority="high")})
+    urgent = {"spec": spec(carols, "urgent", "python quick.py", priority="high")}
+    key = {"Idempotency-Key": "urgent-1"}
+    r = world["callers"]["carol"]("POST", "sweeps", json=urgent, headers=key)
     assert r.status_code == 201 and r.json()["spec"]["priority"] == "high", r.text
+    # The same request again (its answer lost) is answered with the same sweep, not a second;
+    # a key that is no key is refused by name.
+    again = world["callers"]["carol"]("POST", "sweeps", json=urgent, headers=key)
+    assert again.status_code == 201 and again.json()["id"] == r.json()["id"], again.text
+    assert len(world["callers"]["carol"]("GET", "sweeps").json()) == 1
+    bad = world["callers"]["carol"]("POST", "sweeps", json=urgent,
+                                    headers={"Idempotency-Key": "k" * 65})
+    assert bad.status_code == 400 and bad.json()["field"] == "Idempotency-Key", bad.text
     # A spec's env cannot place itself on GPUs.
     r = world["callers"]["carol"]("POST", "sweeps", json={"spec": spec(
         carols, "sneaky", "python quick.py", env={"CUDA_VISIBLE_DEVICES": "0"})})

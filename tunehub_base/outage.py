@@ -9,7 +9,7 @@ notebook client and the trial SDK must not import the database layer (SQLAlchemy
 
 from __future__ import annotations
 
-__all__ = ["OUTAGE_SECONDS", "RETRY_AFTER_SECONDS"]
+__all__ = ["OUTAGE_SECONDS", "REQUEST_KEY", "RETRY_AFTER_SECONDS"]
 
 #: How long a caller that waits for the database (a controller, the service adopting its
 #: sweeps, a trial's report, a notebook call answered 503) waits in all before it gives up and
@@ -17,3 +17,6 @@ __all__ = ["OUTAGE_SECONDS", "RETRY_AFTER_SECONDS"]
 OUTAGE_SECONDS = 900.0
 #: What a 503 tells the client to wait before it asks again.
 RETRY_AFTER_SECONDS = 2
+#: The header a client names a request with (the same on each retry of it) so that the
+#: request, sent again after its answer was lost, takes effect once: a sweep's submission.
+REQUEST_KEY = "Idempotency-Key"

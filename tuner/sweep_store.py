@@ -17,12 +17,14 @@ from typing import Protocol
 
 import optuna
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from tunehub_base.options import setting
 from tunehub_base.settings import Settings
 from tuner import untrusted_files
 from tuner.backends._base import Backend
 from tuner.db import Database, SweepRow, Trial, TrialReport
+from tuner.db.outage import patient, unreachable
 from tuner.errors import Forbidden, NotFound
 from tuner.lifecycle.ledger import Ledger
 from tuner.lifecycle.states import CANCELLED_REASON, SWEEP_CANCELLED, SweepState, TrialState
@@ -96,13 +98,22 @@ class SweepStore:
         backend: Backend,
         files: dict[str, bytes] | None = None,
         confined: bool = False,
+        request_key: str | None = None,
     ) -> SweepRow:
         """Validate against the backend, snapshot the code (plus ``files``, e.g. a pickled
         notebook function), create the study. Nothing is left behind when a step refuses.
 
         ``confined``: the submitter is a service user, not the person at this machine, so the
         code must come from their part of the data store (:mod:`tuner.snapshot`) and
-        ``priority: high`` needs the right to it."""
+        ``priority: high`` needs the right to it.
+
+        ``request_key``: the request's Idempotency-Key. The sweep the same person submitted
+        with it is the answer, unchanged (the first answer was lost: a connection cut while
+        the database answered the commit, or the client's); a sweep is submitted once."""
+        if request_key is not None:
+            earlier = self._submitted(actor, request_key)
+            if earlier is not None:
+                return earlier
         if spec.priority == "high" and not actor.high_priority:
             raise Forbidden(HIGH_PRIORITY_RULE)
         Limits.from_env().check(spec)  # the per-person caps, the same for every backend
@@ -132,6 +143,7 @@ class SweepStore:
         staging = self.settings.sweeps_dir / f".incoming-{uuid.uuid4().hex}"
         target: Path | None = None
         study_name: str | None = None
+        committing = False
         try:
             try:  # a backend running trials as their owner copies with the owner's rights
                 backend.snapshot_code(code, staging / "code", ignore, files or {}, actor.name)
@@ -149,6 +161,7 @@ class SweepStore:
                     backend=backend.name,
                     state=SweepState.QUEUED,
                     study_name=study_name,
+                    request_key=request_key,
                 )
                 s.add(sweep)
                 s.flush()
@@ -157,7 +170,13 @@ class SweepStore:
                     shutil.rmtree(target)
                 staging.rename(target)
                 sweep.code_dir = str(target / "code")
-        except BaseException:
+                committing = True
+        except BaseException as exc:
+            if committing and unreachable(exc):
+                # The commit may have landed with its answer lost: the sweep would then be
+                # whole and its code and study must stay (the request sent again finds it by
+                # its key; otherwise the next sweep given this id replaces the directory).
+                raise
             for path in (staging, target):
                 if path is not None:
                     shutil.rmtree(path, ignore_errors=True)
@@ -166,9 +185,19 @@ class SweepStore:
                     optuna.delete_study(study_name=study_name, storage=storage_for(self.db.url))
                 except KeyError:  # the study was never created
                     pass
+            if request_key is not None and isinstance(exc, IntegrityError):
+                earlier = self._submitted(actor, request_key)  # sent twice at once
+                if earlier is not None:
+                    return earlier
             raise
         record_sweep_id(sweep.study_name, self.db.url, sweep.id)
         return sweep
+
+    @patient
+    def _submitted(self, actor: Actor, request_key: str) -> SweepRow | None:
+        with self.db.session() as s:
+            return s.scalar(select(SweepRow).where(SweepRow.owner == actor.name,
+                                                   SweepRow.request_key == request_key))
 
     def _reserve_model_name(
         self, spec: SweepSpec, actor: Actor, how: Callable[[Database, str, str], object]

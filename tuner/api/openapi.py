@@ -12,6 +12,7 @@ from typing import Any
 
 from tornado.web import RequestHandler
 
+from tunehub_base.outage import REQUEST_KEY
 from tunehub_base.scopes import READ, SUBMIT
 from tuner.api.base import MAX_ID
 from tuner.backends import BACKENDS
@@ -254,11 +255,15 @@ def document(base_path: str) -> dict[str, Any]:
             "/sweeps": {
                 "get": _op("Your sweeps", {"type": "array", "items": ref("Sweep")}, READ,
                            errors=("401", "403")),
-                "post": _op(
-                    "Submit a sweep (priority: high needs custom:tuner:priority-high)",
+                "post": {**_op(
+                    "Submit a sweep (priority: high needs custom:tuner:priority-high); the "
+                    "same Idempotency-Key again answers the sweep it made",
                     ref("Sweep"), SUBMIT, ref("SweepRequest"), "201",
                     errors=("400", "401", "403", "413", "503"),
-                ),
+                ), "parameters": [{
+                    "name": REQUEST_KEY, "in": "header", "required": False,
+                    "schema": {"type": "string", "minLength": 1, "maxLength": 64},
+                }]},
             },
             "/sweeps/{sweep_id}": {
                 "parameters": [sweep_id],

@@ -10,10 +10,11 @@ import base64
 import binascii
 from typing import Any
 
+from tunehub_base.outage import REQUEST_KEY
 from tuner.api.access import SweepRoute
 from tuner.api.auth import UserHandler
 from tuner.api.base import ApiError, parse_id
-from tuner.lifecycle.states import TrialState
+from tuner.lifecycle.states import SweepState, TrialState
 from tuner.metrics import SWEEPS_SUBMITTED
 from tuner.sdk.run_function import COMMAND as FUNCTION_COMMAND
 from tuner.sdk.run_function import FUNCTION_FILE
@@ -54,12 +55,25 @@ class SweepsHandler(UserHandler):
         # Checking the code directory, copying its snapshot, a cluster's dry run and creating
         # the study can take seconds: in a thread, so other requests and trial reports are
         # answered meanwhile.
+        key = _request_key(self.request.headers.get(REQUEST_KEY))
         sweep = await asyncio.to_thread(
-            self.ctx.store.submit, spec, actor, backend, files, True
+            self.ctx.store.submit, spec, actor, backend, files, True, key
         )
-        SWEEPS_SUBMITTED.labels(backend.name).inc()
-        self.ctx.engine.run_sweep(sweep.id)
+        if sweep.state == SweepState.QUEUED:  # new, or sent again before anything ran it
+            SWEEPS_SUBMITTED.labels(backend.name).inc()
+            self.ctx.engine.run_sweep(sweep.id)
         self.send(sweep_view(self.ctx.store.get(sweep.id, actor)), status=201)
+
+
+def _request_key(value: str | None) -> str | None:
+    """The request's ``Idempotency-Key`` header (the client's one name for this submission,
+    the same on every retry of it), checked."""
+    if value is None:
+        return None
+    if not 1 <= len(value) <= 64 or not value.isascii() or not value.isprintable():
+        raise ApiError(400, f"{REQUEST_KEY}: expected 1 to 64 printable ASCII characters",
+                       REQUEST_KEY)
+    return value
 
 
 def _decode_function(value: Any) -> bytes:

@@ -63,6 +63,9 @@ class SweepRow(Base):
     notebook's :class:`tuner.Sweep`, the user-facing handle on the same sweep."""
 
     __tablename__ = "tunehub_sweeps"
+    __table_args__ = (
+        Index("uq_tunehub_sweep_request", "owner", "request_key", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64))
@@ -93,6 +96,9 @@ class SweepRow(Base):
     # Why its trials start cold (seconds of imports each), or that warm-started ones still
     # imported packages themselves (naming them); None when they start fully warm.
     cold_start: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The submitting request's Idempotency-Key: the same request sent again (its first answer
+    # lost) finds this sweep instead of making a second one. Unique per owner.
+    request_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # Counters kept by the controller so listing a 10,000-trial sweep needs no scan.
     n_started: Mapped[int] = mapped_column(Integer, default=0)
     n_completed: Mapped[int] = mapped_column(Integer, default=0)

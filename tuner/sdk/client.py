@@ -12,13 +12,14 @@ import builtins  # `list` names a method of a class below: its annotations say b
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tunehub_base.outage import OUTAGE_SECONDS
+from tunehub_base.outage import OUTAGE_SECONDS, REQUEST_KEY
 from tunehub_base.tls import api_context
 from tuner.errors import Conflict, Forbidden, NotFound, TunehubError, Unauthorized
 from tuner.lifecycle.states import SweepState, TrialState, trials_done
@@ -54,8 +55,9 @@ class TunerClient:
         #: Since when the tuner answers 503 (its database away), while it does.
         self._unavailable_since: float | None = None
 
-    def request(self, method: str, path: str, json: Any = None) -> Any:
-        response = self._send(method, path, json)
+    def request(self, method: str, path: str, json: Any = None,
+                headers: dict[str, str] | None = None) -> Any:
+        response = self._send(method, path, json, headers)
         if response.status_code >= 400:
             try:
                 body = response.json()
@@ -69,7 +71,8 @@ class TunerClient:
             return response.json()
         return response.text
 
-    def _send(self, method: str, path: str, json: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, json: Any,
+              headers: dict[str, str] | None = None) -> httpx.Response:
         """One request, sent again while the tuner answers 503 (its database is away for a
         while), after its ``Retry-After``, for up to :data:`OUTAGE_SECONDS` from the first
         503: the bound the tuner's controllers wait an outage out for, so a call gives up
@@ -79,7 +82,8 @@ class TunerClient:
         delay = 0.5
         while True:
             try:
-                response = self.http.request(method, self.url + path.lstrip("/"), json=json)
+                response = self.http.request(method, self.url + path.lstrip("/"), json=json,
+                                             headers=headers)
             except httpx.HTTPError as exc:
                 raise TunehubError(f"cannot reach the tuner at {self.url}: {exc}") from None
             if response.status_code != 503:
@@ -171,7 +175,10 @@ class Sweep:
         if backend:
             body["backend"] = backend
         client = client or TunerClient()
-        return cls(client.request("POST", "sweeps", body), client)
+        # One name for this submission, the same on each retry: a 503 whose database had
+        # committed the sweep before the answer was lost is sent again and makes no second.
+        key = {REQUEST_KEY: uuid.uuid4().hex}
+        return cls(client.request("POST", "sweeps", body, headers=key), client)
 
     @classmethod
     def get(cls, sweep_id: int, client: TunerClient | None = None) -> Sweep:
