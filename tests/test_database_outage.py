@@ -159,6 +159,7 @@ def test_postgres_crash_mid_sweep_loses_nothing(
 
     cli = home.popen("sweep", "run", str(spec), "--wait", "--json")
     stdout, stderr = Output(cli.stdout), Output(cli.stderr)
+    lister: subprocess.Popen[str] | None = None
     try:
         wait_for(lambda: sum(t.state == "completed" for t in trials()) >= 2
                  and any(t.state == "running" for t in trials()),
@@ -168,19 +169,31 @@ def test_postgres_crash_mid_sweep_loses_nothing(
         crashed_at = time.time()
         # Down until the CLI has said so and the outage has lasted its length.
         wait_for(lambda: MESSAGE in stderr.text, timeout=120, what="the CLI's message")
+        # A command that only reads, run meanwhile, waits the outage out too.
+        lister = home.popen("sweep", "list", "--json")
+        listed, list_err = Output(lister.stdout), Output(lister.stderr)
+        wait_for(lambda: MESSAGE in list_err.text or lister.poll() is not None, timeout=120,
+                 what="sweep list to say the database is away")
         wait_for(lambda: time.time() > crashed_at + DOWN_SECONDS, timeout=DOWN_SECONDS + 5,
                  what="the outage's length")
         assert cli.poll() is None, stderr.text[-3000:]
+        assert lister.poll() is None, list_err.text[-3000:]
         postgres.start()
         restarted_at = time.time()
         wait_for(lambda: "database reachable again" in stderr.text or cli.poll() is not None,
                  timeout=300, what="the CLI to carry on")
         recovered_at = time.time()
+        lister.wait(timeout=300)
         cli.wait(timeout=600)
     finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait()
+        for proc in (cli, lister):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert lister is not None and lister.returncode == 0, list_err.done()[-3000:]
+    said = list_err.done()
+    assert said.count(MESSAGE) == 1 and "Traceback" not in said, said[-3000:]
+    assert [v["name"] for v in parse_json(listed.done())] == ["t"], listed.text
     err, out = stderr.done(), stdout.done()
     assert cli.returncode == 0, err[-4000:]
     assert "Traceback" not in err, err[-4000:]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
-from tuner.db.outage import DatabaseUnavailable, unreachable
+from tuner.db.outage import DatabaseUnavailable, patient, unreachable, waiting_out_outages
 from tuner.errors import TunehubError
 
 EXIT_BAD_INPUT = 2
@@ -18,6 +19,24 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_BAD_INPUT) -> None:
         super().__init__(message)
         self.code = code
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def reads_only(handler: Handler) -> Handler:
+    """A command that only reads the database (``sweep list``, ``model show``, ``pool``...):
+    while the database is unreachable it is run again whole with backoff, saying so once
+    (``database unreachable since …, retrying``, as a controller does, for up to
+    :data:`~tuner.db.outage.OUTAGE_SECONDS`), instead of exiting with one line. Whole,
+    because it has written nothing and prints only what it has read; a command that writes
+    (``cancel``, ``promote``) still exits with its one line: run again it could act twice."""
+
+    def run(args: argparse.Namespace) -> int:
+        with waiting_out_outages():
+            return patient(handler)(args)
+
+    return run
 
 
 def run_guarded(action: Callable[[], int | None]) -> int:
@@ -35,7 +54,7 @@ def run_guarded(action: Callable[[], int | None]) -> int:
     except Exception as exc:
         if not unreachable(exc):
             raise
-        # Waited out where waiting is right (a sweep's controller); a plain command that
-        # finds the database away says so in one line.
+        # Waited out where waiting is right (a sweep's controller, a command that only
+        # reads); a command that writes and finds the database away says so in one line.
         print("tunehub: error: database unreachable; try again shortly", file=sys.stderr)
         return EXIT_FAILED
