@@ -298,7 +298,10 @@ class Sampler:
         hub = self.roots.get("hub")
         if hub and "tuner" not in self.roots:
             for pid, (ppid, cmd, *_rest) in table.items():
-                if ppid == hub and "tuner.service" in cmd:
+                # The service itself: the hub's child, or its keeper's (tuner.keeper).
+                keeper = table.get(ppid)
+                if "tuner.service" in cmd and (ppid == hub or (
+                        keeper is not None and keeper[0] == hub and "tuner.keeper" in keeper[1])):
                     self.roots["tuner"] = pid
                 elif ppid == hub and "culler" in cmd:
                     self.roots["culler"] = pid

@@ -10,12 +10,12 @@ settings are computed here.
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 from traitlets import Enum, Int, List, Unicode, default
 from traitlets.config import Configurable
 
+from hub import tuner_service
 from tunehub_base.options import BY_OPTION, hub_state_dir, url_of
 from tunehub_base.settings import Settings, load_settings
 
@@ -60,7 +60,7 @@ class TunehubHub(Configurable):
     @default("tuner_command")
     def _tuner_command(self) -> list[str]:
         raw = BY_OPTION["tuner_command"].read()
-        return shlex.split(raw) if raw else [sys.executable, "-m", "tuner.service"]
+        return shlex.split(raw) if raw else tuner_service.default_command()
 
     @default("high_priority_group")
     def _high_priority_group(self) -> str:

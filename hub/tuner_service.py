@@ -13,6 +13,13 @@ from tunehub_base.settings import Settings
 from tunehub_base.tls import ENV_API_CA
 
 SERVICE_NAME = "tuner"
+
+
+def default_command() -> list[str]:
+    """The service's command on one machine: the keeper, which runs ``tuner.service`` and
+    starts it again at once if it dies (:mod:`tuner.keeper`)."""
+    return [sys.executable, "-m", "tuner.keeper"]
+
 # Trial processes and the service need these from the hub's environment as they are.
 _PASS_THROUGH_PREFIXES = ("TUNEHUB_", "CUDA_", "TF_")
 
@@ -44,7 +51,7 @@ def service_definition(
         "name": SERVICE_NAME,
         "display": True,
         "url": url,
-        "command": command or [sys.executable, "-m", "tuner.service"],
+        "command": command or default_command(),
         "environment": environment,
         "oauth_no_confirm": True,
         # The scopes a browser login to the sweeps page may carry (its OAuth token).

@@ -104,6 +104,13 @@ class Platform:
         return "\n---\n".join("\n".join(text[max(i - 2, 0):i + lines]) for i in starts)
 
 
+def parent_of(pid: int) -> int:
+    """The pid of ``pid``'s parent (for the tuner service under ``tunehub up``: its keeper,
+    the hub's managed service)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("PPid:")[1].split()[0])
+
+
 @pytest.fixture
 def platform(tmp_path: Path) -> Iterator[Platform]:
     """A platform not yet started (``platform.start()``); stopped after the test. The digits

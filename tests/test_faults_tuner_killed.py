@@ -1,6 +1,6 @@
-"""The tuner service is killed (SIGKILL) under ``tunehub up`` while trials report: the hub
-restarts it (JupyterHub restarts a managed service that exits), its controller resumes the
-sweep, and every trial is accounted for: each number once, each report once, Optuna's study
+"""The tuner service is killed (SIGKILL) under ``tunehub up`` while trials report: its keeper
+(:mod:`tuner.keeper`, the hub's managed service) starts it again at once, its controller resumes
+the sweep, and every trial is accounted for: each number once, each report once, Optuna's study
 equal to ours.
 
 On one machine a trial runs as a child of the service and dies with it (``PR_SET_PDEATHSIG``:
@@ -28,7 +28,7 @@ from sqlalchemy import func, select
 
 from kubesim import KubeCluster
 from tests.fault_records import FaultRecord, record
-from tests.hub_fixtures import Platform
+from tests.hub_fixtures import Platform, parent_of
 from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
 from tests.sweeps_helpers import kube_cli_home
@@ -115,13 +115,16 @@ def test_tuner_killed_under_tunehub_up_loses_nothing(platform: Platform) -> None
     wait_for(lambda: sum(bool(t["last_step"]) for t in hub.call("GET", f"{api}/trials", 200))
              >= PARALLEL, timeout=120, what="their first reports to land")
     (old,) = tuner_processes(platform.home)
+    keeper = parent_of(old.pid)
     os.kill(old.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     wait_for(lambda: old.alive() is False, timeout=30, what="the tuner to die")
 
-    # The hub starts it again (it polls its services), and the sweep goes on.
+    # Its keeper (tuner.keeper, the hub's managed service) starts it again at once, and the
+    # sweep goes on.
     new = wait_for(lambda: [p for p in tuner_processes(platform.home) if p != old],
-                   timeout=180, what="the hub to restart the tuner service")
+                   timeout=180, what="the keeper to restart the tuner service")
+    assert [parent_of(p.pid) for p in new] == [keeper]
     wait_for(platform._tuner_ready, timeout=180, what="the restarted tuner to answer")
     restarted_at = time.monotonic()
     gate.touch()
@@ -143,7 +146,8 @@ def test_tuner_killed_under_tunehub_up_loses_nothing(platform: Platform) -> None
     assert sum(t["attempts"] == 2 for t in trials) == PARALLEL, trials
     assert all(t["attempts"] in (1, 2) for t in trials), trials
     log = (platform.home / "hub" / "hub.log").read_text(errors="replace")
-    assert "Service tuner exited" in log, log[-3000:]  # the hub saw it die, and restarted it
+    assert "the tuner service stopped unexpectedly (killed by SIGKILL" in log, log[-3000:]
+    assert "Service tuner exited" not in log, log[-3000:]  # the hub's service never stopped
     assert len(new) == 1, new  # one service again, not two
 
     db = Database(f"sqlite:///{platform.home}/tunehub.sqlite", migrate=False)
@@ -166,7 +170,7 @@ def test_tuner_killed_under_tunehub_up_loses_nothing(platform: Platform) -> None
         fault="tuner service SIGKILLed under `tunehub up`",
         duration_s=round(resumed_s, 1), sweeps=1, trials=TRIALS, running=PARALLEL, lost=0,
         recover_s=round(resumed_s, 1),
-        seen="API unreachable until the hub restarted the service; the sweep went on; "
+        seen="API unreachable until the keeper started the service again; the sweep went on; "
              f"the {PARALLEL} running trials ran again (attempt 2), each report counted once"))
 
 

@@ -105,7 +105,8 @@ SETTINGS: tuple[Setting, ...] = (
             "`priority: high` (tuner admins may too; anyone else gets 403 naming this rule)",
             "`tuner-priority`", "high_priority_group", "tuner-priority"),
     Setting("TUNEHUB_TUNER_COMMAND", "command that runs the tuner service, split like a shell "
-            "line", "this Python with `-m tuner.service`", "tuner_command"),
+            "line", "this Python with `-m tuner.keeper` (it runs `-m tuner.service` and starts it "
+            "again at once if it dies)", "tuner_command"),
     Setting("TUNEHUB_LOCAL_GPUS", "GPU ids local trials may use (`0,1`; empty: none)",
             "NVML's count"),
     Setting("TUNEHUB_WARM_START", "`0`: a cold Python process per trial", "warm"),

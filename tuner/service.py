@@ -32,6 +32,7 @@ from tuner.backends import make_backend
 from tuner.db import Database, SweepRow
 from tuner.db.outage import once_reachable, patient, waiting_out_outages
 from tuner.errors import Conflict
+from tuner.keeper import kept_by_keeper
 from tuner.lifecycle.liveness import HEARTBEAT_SECONDS, controller_alive
 from tuner.lifecycle.states import SweepState
 from tuner.scheduling.host import SweepHost
@@ -245,9 +246,10 @@ async def serve() -> None:
 
 
 def main() -> None:
-    if started_by_hub():
-        # A managed service (one machine): a killed hub must not leave us holding the port
-        # its successor starts us on (SIGTERM: we stop as on any stop; sweeps resume).
+    if started_by_hub() or kept_by_keeper():
+        # A managed service (one machine): a killed hub (or keeper, tuner.keeper) must not
+        # leave us holding the port its successor starts us on (SIGTERM: we stop as on any
+        # stop; sweeps resume).
         die_with_parent(signal.SIGTERM)
     logging.basicConfig(
         level=os.environ.get("TUNEHUB_LOG_LEVEL", "INFO"),

@@ -1,0 +1,99 @@
+"""The keeper (:mod:`tuner.keeper`) keeps a service running as real processes: a child that dies
+of its own accord is started again at once, then with growing pauses if it keeps dying; a stop
+asked of the keeper reaches the child, and the keeper exits as it did. (The real tuner service
+under the keeper, killed under ``tunehub up``: ``tests/test_faults_tuner_killed.py``.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.polling import wait_for
+from tunehub_base.process_identity import ProcessIdentity
+
+# The child: says it started (a file per pid), records a stop it is asked, then waits.
+CHILD = """
+import os, signal, sys, time
+where = sys.argv[1]
+def stop(signum, frame):
+    open(os.path.join(where, f"stopped-{os.getpid()}-{signum}"), "w").close()
+    sys.exit(3)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+open(os.path.join(where, f"started-{os.getpid()}"), "w").close()
+if os.path.exists(os.path.join(where, "die-at-once")):
+    sys.exit(1)
+while True:
+    time.sleep(1)  # a service's idle main loop
+"""
+
+KEEPER = "import sys; from tuner.keeper import Keeper; sys.exit(Keeper(sys.argv[1:]).run())"
+
+
+def _start(tmp_path: Path, die_at_once: bool = False) -> tuple[subprocess.Popen[str], Path]:
+    (tmp_path / "child.py").write_text(CHILD)
+    where = tmp_path / "marks"
+    where.mkdir()
+    if die_at_once:
+        (where / "die-at-once").touch()
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", KEEPER, sys.executable, str(tmp_path / "child.py"), str(where)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return keeper, where
+
+
+def _children(where: Path) -> list[int]:
+    return sorted((int(p.name.split("-")[1]) for p in where.glob("started-*")),
+                  key=lambda pid: (where / f"started-{pid}").stat().st_mtime_ns)
+
+
+def test_a_killed_service_is_started_again_and_a_stop_reaches_it(tmp_path: Path) -> None:
+    keeper, where = _start(tmp_path)
+    try:
+        [first] = wait_for(lambda: _children(where), what="the service to start")
+        os.kill(first, signal.SIGKILL)
+        pids = wait_for(lambda: _children(where) if len(_children(where)) == 2 else None,
+                        what="the service to be started again")
+        second = ProcessIdentity.of(pids[1])
+        assert second.alive()
+        keeper.send_signal(signal.SIGTERM)
+        out, _ = keeper.communicate(timeout=30)
+    finally:
+        keeper.kill()
+    # The stop reached the service, which ended as it chose; the keeper ended as it did.
+    assert (where / f"stopped-{pids[1]}-{int(signal.SIGTERM)}").exists()
+    assert keeper.returncode == 3, out
+    assert not second.alive()
+    assert "stopped unexpectedly (killed by SIGKILL after" in out, out
+    assert "starting it again\n" in out, out  # the first time: at once, no pause
+    assert len(_children(where)) == 2
+
+
+def test_a_service_that_keeps_dying_is_started_again_with_pauses(tmp_path: Path) -> None:
+    keeper, where = _start(tmp_path, die_at_once=True)
+
+    def fourth_ended() -> bool:
+        pids = _children(where)
+        if len(pids) < 4:
+            return False
+        try:
+            return ProcessIdentity.of(pids[3]).alive() is False
+        except ProcessLookupError:  # gone (or a zombie the keeper is about to reap)
+            return True
+
+    try:
+        wait_for(fourth_ended, what="four quick deaths")
+        keeper.send_signal(signal.SIGINT)  # in the pause before the fifth: cuts it short
+        out, _ = keeper.communicate(timeout=30)
+    finally:
+        keeper.kill()
+    lines = [line for line in out.splitlines() if "stopped unexpectedly" in line]
+    assert "exited with code 1" in lines[0] and lines[0].endswith("starting it again"), out
+    assert lines[1].endswith("starting it again in 1 s"), out
+    assert lines[2].endswith("starting it again in 2 s"), out
+    assert len(_children(where)) == 4, out
+    # Stopped in the pause (128 + SIGINT), or just as the fourth was reaped (its code).
+    assert keeper.returncode in (1, 128 + int(signal.SIGINT)), out
