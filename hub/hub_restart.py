@@ -12,9 +12,10 @@ shutting down user servers"), done here for ``tunehub up``.
   every server through the hub's API, as the service ``tunehub-up`` (its token is a file that
   ``tunehub up`` writes afresh each run, in the same directory), then stops the proxy.
 
-The managed services (the tuner, the culler) are children of the hub: the hub stops them when
-it stops, and they exit when it is killed (``die_with_parent``), so the next hub can start them
-again on the same port; the tuner's controllers resume their sweeps.
+The managed services (the tuner's keeper, the culler) are children of the hub: the hub stops them
+when it stops, and they exit when it is killed (``die_with_parent``; the keeper passes the stop on
+to the tuner, :mod:`tuner.keeper`), so the next hub can start them again on the same port; the
+tuner's controllers resume their sweeps.
 """
 
 from __future__ import annotations
