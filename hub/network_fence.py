@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -50,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunehub_base.cgroups.mounts import MOUNTINFO, cgroup_mounts
+from tunehub_base.system_tools import system_argv, system_tool
 
 #: The parent of the people's groups, at the top of the v2 hierarchy.
 PEOPLE_GROUPS = "tunehub-people"
@@ -83,7 +83,7 @@ class NetworkFence:
         nftables can name)."""
         if os.geteuid() != 0:
             raise FenceUnavailable("the hub is not root")
-        if shutil.which("nft") is None:
+        if system_tool("nft") is None:
             raise FenceUnavailable("no nft on this machine (make up installs nftables)")
         problems = []
         for mount_root, point in cgroup_mounts((), mountinfo).get("cgroup2", []):
@@ -114,7 +114,7 @@ class NetworkFence:
             fcntl.flock(lock, fcntl.LOCK_EX)
             person = self.groups / str(uid)
             person.mkdir(mode=0o755, exist_ok=True)
-            done = subprocess.run(["nft", "-f", "-"], input=self.rules(), text=True,
+            done = subprocess.run(system_argv(["nft", "-f", "-"]), input=self.rules(), text=True,
                                   capture_output=True, timeout=NFT_SECONDS, check=False)
         if done.returncode != 0:
             raise FenceUnavailable(f"nft refused the people's table: {done.stderr.strip()}")

@@ -34,6 +34,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunehub_base.system_tools import system_argv
+
 ENV_ENABLED = "TUNEHUB_UNIX_USERS"
 ENV_PREFIX = "TUNEHUB_UNIX_USER_PREFIX"
 ENV_GROUP = "TUNEHUB_UNIX_GROUP"
@@ -219,8 +221,11 @@ class UnixUsers:
         except KeyError:
             try:
                 _run(["groupadd", "--system", self.group])
-            except UnixUserError:
-                pass  # made meanwhile by another process: the look-up below tells
+            except UnixUserError as exc:
+                try:  # made meanwhile by another process?
+                    return grp.getgrnam(self.group).gr_gid
+                except KeyError:
+                    raise exc from None
             return grp.getgrnam(self.group).gr_gid
 
     # --- changes -------------------------------------------------------------------------
@@ -356,7 +361,7 @@ def _setfacl(directory: Path, *change: str) -> bool:
     be changed (no ``setfacl``, a file system without ACLs, not ours)."""
     try:
         with _acl_lock(directory):
-            subprocess.run(["setfacl", *change, str(directory)], capture_output=True,
+            subprocess.run(system_argv(["setfacl", *change, str(directory)]), capture_output=True,
                            check=True)
     except (OSError, subprocess.CalledProcessError):
         return False
@@ -426,9 +431,10 @@ def _entry(login: str) -> pwd.struct_passwd | None:
 def _run(argv: list[str]) -> None:
     deadline = time.monotonic() + PASSWD_LOCK_WAIT_SECONDS
     delay = 0.05
+    resolved = system_argv(argv)
     while True:
         try:
-            subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60)
+            subprocess.run(resolved, check=True, capture_output=True, text=True, timeout=60)
             return
         except FileNotFoundError:
             raise UnixUserError(f"{argv[0]} not found: system users need the passwd package "

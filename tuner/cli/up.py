@@ -27,7 +27,7 @@ from types import FrameType
 
 import httpx
 
-from tunehub_base import datastore, ports
+from tunehub_base import datastore, ports, unix_users
 from tunehub_base.options import hub_state_dir, setting, url_of
 from tunehub_base.pid_files import recorded_process
 from tunehub_base.settings import load_settings
@@ -163,7 +163,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     state = hub_state_dir(settings.home, env)
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     if isolated:
-        isolation.prepare(settings, state, _code_paths())
+        try:
+            isolation.prepare(settings, state, _code_paths())
+        except unix_users.UnixUserError as exc:
+            raise CliError(f"people's system users: {exc}") from None
     else:
         print(shared_note, flush=True)
     try:  # users/ is the platform's before anyone can log in

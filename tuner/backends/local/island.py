@@ -62,6 +62,7 @@ from urllib.parse import urlparse
 
 from tunehub_base import unix_users
 from tunehub_base.options import setting
+from tunehub_base.system_tools import system_argv, system_tool
 from tuner.backends.local.parent_death import die_with_parent
 
 log = logging.getLogger("tunehub.local.island")
@@ -152,7 +153,7 @@ class Islands:
         self.network = island_network(ENV_NETWORK.text())
         self.network6 = island_network6(ENV_NETWORK6.text())
         want_egress = ENV_EGRESS.on()
-        self.egress = want_egress and shutil.which("nft") is not None
+        self.egress = want_egress and system_tool("nft") is not None
         if want_egress and not self.egress:
             log.warning("no nft on this machine: attempts' islands have no egress "
                         "(make nftables installs it)")
@@ -228,7 +229,7 @@ class Islands:
                 await _ip("-6", "addr", "add", f"{host6}/128", "dev", host_if, "nodad")
                 inside += [f"addr add {inner6}/64 dev eth0 nodad",
                            f"route add ::/0 via {host6} dev eth0"]
-        await _run(["nsenter", f"--net={netns}", "ip", "-batch", "-"],
+        await _run(["nsenter", f"--net={netns}", system_tool("ip") or "ip", "-batch", "-"],
                    "\n".join(inside) + "\n", pass_fds=(island.net_fd,))
 
     async def _ensure_egress(self) -> None:
@@ -460,7 +461,8 @@ async def _ip(*args: str) -> None:
 async def _run(argv: list[str], stdin: str | None = None, pass_fds: tuple[int, ...] = ()) -> None:
     """Run a root tool to completion; ``OSError`` with what it said when it fails."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        *system_argv(argv),
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, pass_fds=pass_fds)
     _, err = await proc.communicate(stdin.encode() if stdin is not None else None)
     if proc.returncode != 0:
