@@ -1,6 +1,9 @@
 # One entry point for people and CI. Every target installs what it needs first, so the
 # README's commands work on a fresh machine.
 SHELL := /bin/bash
+# The system tools the targets below look for (nft, debootstrap) live in /usr/sbin, which a PATH
+# set by hand (sudo, env -i, a service manager) may lack: searched after the caller's PATH.
+export PATH := $(PATH):/usr/sbin:/sbin
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
