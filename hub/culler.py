@@ -22,7 +22,7 @@ from typing import Any
 from jupyterhub_idle_culler import IdleCuller
 from traitlets import Int, List, Unicode, default
 
-from tunehub_base.pid_files import die_with_parent
+from tunehub_base.parent_process import die_with_parent
 
 SERVICE_NAME = "idle-culler"
 # What the culler needs from the hub's API (stopping servers, reading their activity/options).

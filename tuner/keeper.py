@@ -25,34 +25,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import FrameType
 
-from tunehub_base.pid_files import die_with_parent, started_by_hub
+from tunehub_base.exit_status import describe_exit
+from tunehub_base.parent_process import die_with_parent, parent_runs
 
 #: A service that ran this long before it died is started again at once.
 SETTLED_SECONDS = 30.0
 MAX_PAUSE_SECONDS = 60.0
 
 log = logging.getLogger("tunehub.keeper")
-
-
-def kept_by_keeper() -> bool:
-    """Whether this process's parent is a keeper (``python -m tuner.keeper``)."""
-    try:
-        args = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"tuner.keeper" in args[:3]
-
-
-def how_it_ended(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class Keeper:
@@ -84,7 +66,7 @@ class Keeper:
             quick_deaths = quick_deaths + 1 if ran < SETTLED_SECONDS else 0
             pause = min(2.0 ** (quick_deaths - 2), MAX_PAUSE_SECONDS) if quick_deaths > 1 else 0
             log.error("the tuner service stopped unexpectedly (%s after %.0f s); starting it "
-                      "again%s", how_it_ended(code), ran,
+                      "again%s", describe_exit(code), ran,
                       f" in {pause:.0f} s" if pause else "")
             deadline = time.monotonic() + pause
             while self.stop_signal is None and time.monotonic() < deadline:
@@ -94,7 +76,7 @@ class Keeper:
 
 
 def main() -> None:
-    if started_by_hub():
+    if parent_runs(b"jupyterhub"):
         die_with_parent(signal.SIGTERM)  # (passed on to the service: see the docstring)
     logging.basicConfig(
         level=os.environ.get("TUNEHUB_LOG_LEVEL", "INFO"),

@@ -23,7 +23,7 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application
 
 from tunehub_base import ports, tls
-from tunehub_base.pid_files import die_with_parent, started_by_hub
+from tunehub_base.parent_process import die_with_parent, parent_runs
 from tunehub_base.settings import Settings, load_settings
 from tuner.api.app import make_app
 from tuner.api.auth import make_hub_auth
@@ -32,7 +32,6 @@ from tuner.backends import make_backend
 from tuner.db import Database, SweepRow
 from tuner.db.outage import once_reachable, patient, waiting_out_outages
 from tuner.errors import Conflict
-from tuner.keeper import kept_by_keeper
 from tuner.lifecycle.liveness import HEARTBEAT_SECONDS, controller_alive
 from tuner.lifecycle.states import SweepState
 from tuner.scheduling.host import SweepHost
@@ -246,7 +245,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    if started_by_hub() or kept_by_keeper():
+    if parent_runs(b"jupyterhub") or parent_runs(b"tuner.keeper"):
         # A managed service (one machine): a killed hub (or keeper, tuner.keeper) must not
         # leave us holding the port its successor starts us on (SIGTERM: we stop as on any
         # stop; sweeps resume).

@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Literal
 
 from tunehub_base import unix_users
+from tunehub_base.exit_status import describe_exit
 from tunehub_base.gpu_holders import Holder
 from tunehub_base.gpus import GpuPool, discover_gpus
 from tunehub_base.options import setting
+from tunehub_base.parent_process import die_with_parent
 from tunehub_base.ports import unclaimed_ports
 from tunehub_base.process_identity import parse_records
 from tuner import metrics, untrusted_files
@@ -52,12 +54,10 @@ from tuner.backends.local.log_pipes import AttemptLog
 from tuner.backends.local.multiworker import SIBLING_GRACE_SECONDS, tf_config
 from tuner.backends.local.netns import enter_as_root
 from tuner.backends.local.no_space import no_space_reason
-from tuner.backends.local.parent_death import die_with_parent as _die_with_parent
 from tuner.backends.local.preload_child import preload_in_child
 from tuner.backends.local.processes import (
     Attempt,
     command_argv,
-    describe_exit,
     killpg,
     still_running,
     write_pid,
@@ -376,7 +376,7 @@ class LocalBackend(Backend):
                 enter_as_root(net_fd)  # as root, before the person's identity
             if drop is not None:
                 drop()
-            _die_with_parent()  # after setuid: a changed identity clears the death signal
+            die_with_parent(signal.SIGKILL)  # after setuid, which clears the death signal
 
         try:
             proc = await asyncio.create_subprocess_exec(

@@ -52,6 +52,7 @@ import ipaddress
 import logging
 import os
 import shutil
+import signal
 import socket
 import stat
 import time
@@ -62,8 +63,8 @@ from urllib.parse import urlparse
 
 from tunehub_base import unix_users
 from tunehub_base.options import setting
+from tunehub_base.parent_process import die_with_parent
 from tunehub_base.system_tools import system_argv, system_tool
-from tuner.backends.local.parent_death import die_with_parent
 
 log = logging.getLogger("tunehub.local.island")
 
@@ -362,7 +363,7 @@ def _as_person(owner: unix_users.UnixUser) -> Callable[[], None]:
 
     def preexec() -> None:
         drop()
-        die_with_parent()  # a killed tuner leaves no holder (and so no namespace) behind
+        die_with_parent(signal.SIGKILL)  # a killed tuner leaves no holder (no namespace) behind
 
     return preexec
 

@@ -1,5 +1,5 @@
-"""The processes of a local attempt: how a command becomes an argv, what an exit code means,
-the pid file reconcile reads, killing a process group.
+"""The processes of a local attempt: how a command becomes an argv, the pid file reconcile
+reads, killing a process group.
 
 Kept apart from :mod:`tuner.backends.local`, which decides when and how to start and stop
 attempts; these are the small operating-system facts it relies on.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
-import signal
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,18 +32,6 @@ def command_argv(command: str) -> list[str]:
     if any(ch in _SHELL_CHARS for ch in command):
         return ["/bin/sh", "-c", command]
     return shlex.split(command)
-
-
-def describe_exit(code: int) -> str:
-    """An exit code as a person reads it in a trial's reason: a signal by name."""
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (out of memory?)" if -code == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
-    return f"exited with code {code}"
 
 
 def write_pid(path: Path, pids: list[int]) -> None:

@@ -43,10 +43,10 @@ import sys
 import traceback
 from typing import Any
 
+from tunehub_base.parent_process import die_with_parent
 from tuner.backends.local import installed
 from tuner.backends.local.import_clock import ImportClock
 from tuner.backends.local.netns import enter_as_owner
-from tuner.backends.local.parent_death import die_with_parent as _die_with_parent
 from tuner.scheduling.workdirs import HEADER
 
 #: Imported by the trial SDK itself (:mod:`tuner.sdk.training`: reports from a network island
@@ -94,7 +94,7 @@ def _run_child(request: dict[str, Any], sock: socket.socket, gate: int, report: 
             os._exit(1)
         os.close(gate)
         os.setsid()
-        _die_with_parent()
+        die_with_parent(signal.SIGKILL)
         fd = request["output"]
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -206,7 +206,7 @@ def _read_report(fd: int | None) -> Any:
 
 
 def serve(fd: int, fd_channel: int, preload: list[str]) -> None:
-    _die_with_parent()
+    die_with_parent(signal.SIGKILL)
     _preload(preload)
     sock = socket.socket(fileno=fd)
     channel = socket.socket(fileno=fd_channel)
