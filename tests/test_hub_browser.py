@@ -35,6 +35,9 @@ CHECK_CELL = """\
 print("SWEEP-DONE", sweep.id, sweep.state, sweep.best["number"], len(sweep.trials()))
 """
 NEWS_PROMPT = "official Jupyter news"
+#: JupyterLab's dialog when a request to its server failed: on a busy machine one can time out.
+#: JupyterLab goes on reconnecting by itself, and a person dismisses the dialog.
+CONNECTION_LOST = "Server Connection Error"
 
 
 @pytest.fixture
@@ -78,6 +81,15 @@ def login(page: Any, url: str, username: str, password: str) -> None:
     page.wait_for_url(re.compile(r".*/(hub/home|hub/spawn.*|user/.*)$"), timeout=60_000)
 
 
+def answer_lab_dialogs(page: Any) -> None:
+    """Before each action on ``page``: close JupyterLab's connection-lost dialog as a person
+    would (it covers the page and takes the click otherwise). Any other dialog is left to fail
+    the action."""
+    lost = page.locator(".jp-Dialog", has_text=CONNECTION_LOST)
+    page.add_locator_handler(
+        lost, lambda dialog: dialog.get_by_role("button", name="Close", exact=True).first.click())
+
+
 def hub_api(page: Any, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     """A hub API call from the logged-in page (cookie + the hub's XSRF token)."""
     return tuple(page.evaluate(
@@ -101,6 +113,7 @@ def test_the_readme_quick_start_as_written(
     assert platform.password, platform.output
     page = browser.new_page()
     page.set_default_timeout(120_000)
+    answer_lab_dialogs(page)
     login(page, platform.url, "admin", platform.password)
 
     # The home page links to the sweeps page; start the server.
