@@ -60,36 +60,43 @@ def create_users(accounts_file: Path, n: int) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def tunehub_up(env: dict[str, str], port: int, log: Path) -> Iterator[str]:
-    """``tunehub up`` in a process group of its own; yields its URL once the hub answers."""
+def tunehub_up(env: dict[str, str], port: int, log: Path, config: Path | None = None,
+               ready: tuple[str, ...] = ("/hub/api/",), start_timeout: float = START_TIMEOUT,
+               stop_timeout: float = 120.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``tunehub up`` (with ``--config CONFIG``) in a process group of its own; yields its URL
+    and process once every path in ``ready`` answers 200 through the proxy. Stopped with
+    SIGTERM (it stops every server through the hub, then the hub)."""
     import httpx
 
+    argv = [sys.executable, "-m", "tuner.cli", "up", "--port", str(port)]
+    if config is not None:
+        argv += ["--config", str(config)]
     with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.cli", "up", "--port", str(port)],
-            cwd=env["TUNEHUB_HOME"], env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )
+        proc = subprocess.Popen(argv, cwd=env["TUNEHUB_HOME"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if proc.poll() is not None:
-                tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-                raise NotMeasured(f"`tunehub up` exited with {proc.returncode}: "
-                                  + " / ".join(tail))
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/hub/api/", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise NotMeasured(f"`tunehub up` did not answer within {START_TIMEOUT:.0f} s")
-            time.sleep(0.5)  # poll interval while the hub starts
-        yield url
+        deadline = time.monotonic() + start_timeout
+        for path in ready:
+            while True:
+                if proc.poll() is not None:
+                    tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+                    raise NotMeasured(f"`tunehub up` exited with {proc.returncode}: "
+                                      + " / ".join(tail))
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}{path}", timeout=5).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise NotMeasured(f"`tunehub up` did not answer {path} within "
+                                      f"{start_timeout:.0f} s")
+                time.sleep(0.5)  # poll interval while the platform starts
+        yield url, proc
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # tunehub up stops the hub and its servers
+            proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=120)
+                proc.wait(timeout=stop_timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -118,7 +125,7 @@ class HubBenchmark(Benchmark):
         env = hub_env(home, port)
         users = create_users(state_dir(env) / "accounts.json", n)
         ctx.log(f"hub: tunehub up on port {port}, {n} users")
-        with tunehub_up(env, port, ctx.scratch / "up.log") as url:
+        with tunehub_up(env, port, ctx.scratch / "up.log") as (url, _up):
             t0 = time.perf_counter()
             runs = asyncio.run(_all(url, users))
             wall = time.perf_counter() - t0

@@ -41,7 +41,6 @@ import json
 import os
 import random
 import resource
-import signal
 import socket
 import subprocess
 import sys
@@ -57,6 +56,7 @@ from typing import Any
 
 from benchmarks._base import Benchmark, NotMeasured, RunContext
 from benchmarks._common import REPO, free_port, ms, secs, summary
+from benchmarks.hub import tunehub_up
 from benchmarks.reports import LocalPostgres, pg_bin
 
 START_TIMEOUT = 300.0
@@ -218,46 +218,6 @@ def hub_env(home: Path, port: int, tuner_db: str, hub_db: str | None) -> dict[st
         env["TUNEHUB_HUB_DB_URL"] = hub_db
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
-
-
-@contextlib.contextmanager
-def tunehub_up(env: dict[str, str], port: int, config: Path, log: Path) -> Iterator[
-        tuple[str, subprocess.Popen[bytes]]]:
-    """``tunehub up --config CONFIG``; yields its URL once the hub and the tuner answer through
-    the proxy. Stopped with SIGTERM (it stops every server through the hub, then the hub)."""
-    import httpx
-
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.cli", "up", "--port", str(port), "--config",
-             str(config)],
-            cwd=env["TUNEHUB_HOME"], env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        for path in ("/hub/api/", "/services/tuner/api/v1/openapi.json"):
-            while True:
-                if proc.poll() is not None:
-                    tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-                    raise NotMeasured(f"`tunehub up` exited with {proc.returncode}: "
-                                      + " / ".join(tail))
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}{path}", timeout=5).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise NotMeasured(f"`tunehub up` did not answer {path} within "
-                                      f"{START_TIMEOUT:.0f} s")
-                time.sleep(0.5)  # poll interval while the platform starts
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 # --- what each part of the platform used: CPU and memory from /proc ---------------------------
@@ -673,7 +633,9 @@ class HubScaleBenchmark(Benchmark):
                     spawn_limit=CONCURRENT_SPAWN_LIMIT))
                 ctx.log(f"hub_scale: tunehub up on port {port} (hub config {config})")
                 setup_s = time.perf_counter() - started
-                with tunehub_up(env, port, config, ctx.scratch / "up.log") as (url, _up):
+                with tunehub_up(env, port, ctx.scratch / "up.log", config,
+                                ready=("/hub/api/", "/services/tuner/api/v1/openapi.json"),
+                                start_timeout=START_TIMEOUT, stop_timeout=300) as (url, _up):
                     hub_pid = None
                     with contextlib.suppress(OSError, ValueError):
                         hub_pid = int((state / "jupyterhub.pid").read_text().strip())
