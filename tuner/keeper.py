@@ -65,8 +65,8 @@ class Keeper:
             ran = time.monotonic() - started
             quick_deaths = quick_deaths + 1 if ran < SETTLED_SECONDS else 0
             pause = min(2.0 ** (quick_deaths - 2), MAX_PAUSE_SECONDS) if quick_deaths > 1 else 0
-            log.error("the tuner service stopped unexpectedly (%s after %.0f s); starting it "
-                      "again%s", describe_exit(code), ran,
+            log.error("the tuner service stopped unexpectedly after %.0f s, %s; starting it "
+                      "again%s", ran, describe_exit(code),
                       f" in {pause:.0f} s" if pause else "")
             deadline = time.monotonic() + pause
             while self.stop_signal is None and time.monotonic() < deadline:
