@@ -7,7 +7,8 @@ started again: once for a sweep run from the CLI (``--wait``), once for a sweep 
 service runs, submitted and watched from the notebook client. The CLI and the service say so
 once in plain words, never a traceback; the notebook's ``watch()`` returns as without an
 outage; the sweep ends with exactly its trials, each number once, every report landed, and
-Optuna's study equal to ours.
+Optuna's study equal to ours. The CLI's writing commands that may be run again
+(``sweep cancel``, ``model promote``) wait an outage out too and act once.
 
 The outage's length is ``TUNEHUB_FAULT_OUTAGE_S`` when set (``python -m benchmarks faults --set
 faults_outage_s=300`` measures a 5-minute outage; too slow for the suite).
@@ -15,7 +16,9 @@ faults_outage_s=300`` measures a 5-minute outage; too slow for the suite).
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -35,11 +38,13 @@ from tests.fault_records import FaultRecord, outage_seconds
 from tests.fault_records import record as record_fault
 from tests.polling import wait_for
 from tests.service_fixtures import running_tuner_hub
-from tests.sweeps_helpers import parse_json, record_dir, write_sweep
+from tests.sweeps_helpers import MINIMAL_SAVED_MODEL, parse_json, record_dir, write_sweep
 from tunehub_base.outage import OUTAGE_SECONDS
 from tunehub_base.ports import unclaimed_port
 from tuner.db import Database, SweepRow, Trial, TrialReport
 from tuner.sdk.client import Sweep, TunerClient
+from tuner.serving.registry import Registry
+from tuner.sweep_store import local_actor
 
 READ_SUBMIT = ["custom:tuner:read", "custom:tuner:submit", "access:services!service=tuner"]
 
@@ -220,6 +225,75 @@ def test_postgres_crash_mid_sweep_loses_nothing(
         lost=0, recover_s=round(recovered_at - restarted_at, 1),
         seen="the CLI said once \"database unreachable since …, retrying\" and that it was "
              "back; trials kept running (their reports retried), the sweep completed"))
+
+
+GATED = """
+import os, time, tuner
+tuner.params()
+while not os.path.exists(os.environ["GATE"]):
+    time.sleep(0.2)
+tuner.report(1.0)
+"""
+
+
+def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_path: Path) -> None:
+    """``sweep cancel`` and ``model promote`` started while the database is down wait it out
+    as the reading commands do (saying so once) and act when it is back; made again, each
+    changes nothing: a cancelled sweep is answered as it is, a version keeps its one history
+    entry for the stage it holds."""
+    home = Home(tmp_path / "home", postgres.url)
+    spec = write_sweep(tmp_path / "code", GATED, trials=2, parallelism=1, max_retries=0,
+                       env={"GATE": str(tmp_path / "never")})
+    submitted = parse_json(home.cli("sweep", "run", str(spec), "--json", check=True).stdout)
+    sweep_id = submitted["id"]
+    db = Database(postgres.url)
+
+    def running() -> bool:
+        with db.session() as s:
+            return any(t.state == "running" for t in s.scalars(select(Trial)))
+
+    wait_for(running, timeout=120, what="a running trial")
+    os.kill(submitted["controller_pid"], signal.SIGKILL)  # no controller: the cancel is made here
+    source = tmp_path / "model"
+    source.mkdir()
+    (source / "saved_model.pb").write_bytes(MINIMAL_SAVED_MODEL)
+    registry = Registry(db, tmp_path / "registry")
+    registry.register(model="m", source_dir=source, owner=local_actor().name, metric="x",
+                      direction="maximize", metric_value=1.0, trusted=tmp_path)
+    db.dispose()
+    postgres.crash()
+    cancel = home.popen("sweep", "cancel", str(sweep_id), "--json")
+    promote = home.popen("model", "promote", "m", "1", "--stage", "production", "--json")
+    outputs = {"cancel": (Output(cancel.stdout), Output(cancel.stderr)),
+               "promote": (Output(promote.stdout), Output(promote.stderr))}
+    try:
+        for name, (_, err) in outputs.items():
+            wait_for(lambda err=err: MESSAGE in err.text, timeout=120,  # type: ignore[misc]
+                     what=f"{name} to say the database is away")
+        assert cancel.poll() is None and promote.poll() is None
+        postgres.start()
+        cancel.wait(timeout=300)
+        promote.wait(timeout=300)
+    finally:
+        for proc in (cancel, promote):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for name, proc in (("cancel", cancel), ("promote", promote)):
+        out, err = (o.done() for o in outputs[name])
+        assert proc.returncode == 0, (name, err[-3000:])
+        assert err.count(MESSAGE) == 1 and "Traceback" not in err, (name, err[-3000:])
+    assert parse_json(outputs["cancel"][0].text)["state"] == "cancelled"
+    assert parse_json(outputs["promote"][0].text)["stage"] == "production"
+    # Made again, each changes nothing.
+    again = home.cli("sweep", "cancel", str(sweep_id), "--json", check=True)
+    assert parse_json(again.stdout)["state"] == "cancelled"
+    home.cli("model", "promote", "m", "1", "--stage", "production", check=True)
+    [version] = registry.versions("m")
+    assert [h["stage"] for h in version.history] == ["production"], version.history
+    with db.session() as s:
+        assert {t.state for t in s.scalars(select(Trial))} == {"cancelled"}
+    db.dispose()
 
 
 def test_service_answers_503_while_the_database_is_away(

@@ -296,13 +296,15 @@ class SweepStore:
         asked to stop (the sweep shows ``cancelling`` until it has); with none, the sweep is
         cancelled here, now. ``here``: the controllers this process hosts (the tuner
         service's); one of them running the sweep is woken at once, one in another process
-        sees ``cancelling`` at its next heartbeat. A sweep already ended is a
+        sees ``cancelling`` at its next heartbeat. A sweep already cancelled is answered as it
+        is (a cancel may be sent again); one that ended otherwise is a
         :class:`~tuner.errors.Conflict`."""
         self.get(sweep_id, actor)
         runs_here = here is not None and here.runs(sweep_id)
-        if not self.ledger.mark_cancelling(sweep_id, runs_here):
+        marked = self.ledger.mark_cancelling(sweep_id, runs_here)
+        if marked == "no controller":
             self._cancel_here(sweep_id)
-        elif here is not None:
+        elif marked == "marked" and here is not None:
             here.cancel(sweep_id)
         return self.get(sweep_id, actor)
 

@@ -271,7 +271,8 @@ def document(base_path: str) -> dict[str, Any]:
             },
             "/sweeps/{sweep_id}/cancel": {
                 "parameters": [sweep_id],
-                "post": _op("Cancel a sweep", ref("Sweep"), SUBMIT,
+                "post": _op("Cancel a sweep (idempotent: a cancelled sweep is answered as it "
+                            "is; one that ended otherwise is a 409)", ref("Sweep"), SUBMIT,
                             errors=("401", "403", "404", "409")),
             },
             "/sweeps/{sweep_id}/resume": {

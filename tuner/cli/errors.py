@@ -24,13 +24,15 @@ class CliError(Exception):
 Handler = Callable[[argparse.Namespace], int]
 
 
-def reads_only(handler: Handler) -> Handler:
-    """A command that only reads the database (``sweep list``, ``model show``, ``pool``...):
-    while the database is unreachable it is run again whole with backoff, saying so once
+def repeatable(handler: Handler) -> Handler:
+    """A command that may be run again whole: one that only reads the database (``sweep
+    list``, ``model show``, ``pool``...), and one whose write changes nothing when made again
+    (``sweep cancel`` of a cancelled sweep, ``model promote`` of the version holding the
+    stage). While the database is unreachable it is run again with backoff, saying so once
     (``database unreachable since …, retrying``, as a controller does, for up to
-    :data:`~tuner.db.outage.OUTAGE_SECONDS`), instead of exiting with one line. Whole,
-    because it has written nothing and prints only what it has read; a command that writes
-    (``cancel``, ``promote``) still exits with its one line: run again it could act twice."""
+    :data:`~tuner.db.outage.OUTAGE_SECONDS`), instead of exiting with one line; run again
+    after a commit whose answer was lost, it finds its own effect and changes nothing. A
+    command whose second run would act twice (``sweep run``) still exits with its one line."""
 
     def run(args: argparse.Namespace) -> int:
         with waiting_out_outages():

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from rich.table import Table
 
 from tuner.cli import context
-from tuner.cli.errors import CliError, reads_only
+from tuner.cli.errors import CliError, repeatable
 from tuner.cli.render import console, print_json
 from tuner.serialize import model_version_view
 from tuner.serving.registry import STAGES, Registry
@@ -26,19 +26,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     ls = s.add_parser("list", help="registered models")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
-    ls.set_defaults(handler=reads_only(cmd_list))
+    ls.set_defaults(handler=repeatable(cmd_list))
 
     show = s.add_parser("show", help="a model's versions and lineage")
     show.add_argument("name")
     show.add_argument("--json", action="store_true", help="machine-readable output")
-    show.set_defaults(handler=reads_only(cmd_show))
+    show.set_defaults(handler=repeatable(cmd_show))
 
     promote = s.add_parser("promote", help="move a stage to a version")
     promote.add_argument("name")
     promote.add_argument("version", type=_version)
     promote.add_argument("--stage", choices=STAGES, default="production")
     promote.add_argument("--json", action="store_true", help="machine-readable output")
-    promote.set_defaults(handler=cmd_promote)
+    promote.set_defaults(handler=repeatable(cmd_promote))
 
     serve = s.add_parser(
         "serve", help="serve the production version (TensorFlow Serving REST API)"

@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from tuner.cli import context
-from tuner.cli.errors import EXIT_FAILED, CliError, reads_only
+from tuner.cli.errors import EXIT_FAILED, CliError, repeatable
 from tuner.cli.render import console, print_json
 from tuner.pool_view import parse_since, pool_view, usage_view
 
@@ -21,14 +21,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pool = sub.add_parser("pool", help="the GPU pool: each GPU, who holds it, since when, "
                           "its utilisation and memory")
     pool.add_argument("--json", action="store_true", help="machine-readable output")
-    pool.set_defaults(handler=reads_only(cmd_pool))
+    pool.set_defaults(handler=repeatable(cmd_pool))
 
     usage = sub.add_parser("usage", help="GPU-hours allocated and used per person, group, "
                            "sweep, notebook")
     usage.add_argument("--since", required=True,
                        help="start of the period: a date (2026-11-01) or ISO date and time (UTC)")
     usage.add_argument("--json", action="store_true", help="machine-readable output")
-    usage.set_defaults(handler=reads_only(cmd_usage))
+    usage.set_defaults(handler=repeatable(cmd_usage))
 
 
 def _remote() -> Any:

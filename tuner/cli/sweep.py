@@ -11,7 +11,7 @@ from typing import Any
 
 from tuner.backends import BACKENDS
 from tuner.cli import context
-from tuner.cli.errors import EXIT_FAILED, CliError, reads_only
+from tuner.cli.errors import EXIT_FAILED, CliError, repeatable
 from tuner.cli.ops import LocalOps, RemoteOps, ops
 from tuner.cli.render import (
     console,
@@ -42,17 +42,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     ls = s.add_parser("list", help="your sweeps")
     _json_flag(ls)
-    ls.set_defaults(handler=reads_only(cmd_list))
+    ls.set_defaults(handler=repeatable(cmd_list))
 
     show = s.add_parser("show", help="a sweep and its leaderboard")
     show.add_argument("id", type=_number("sweep id"))
     _json_flag(show)
-    show.set_defaults(handler=reads_only(cmd_show))
+    show.set_defaults(handler=repeatable(cmd_show))
 
     cancel = s.add_parser("cancel", help="stop a sweep and its running trials")
     cancel.add_argument("id", type=_number("sweep id"))
     _json_flag(cancel)
-    cancel.set_defaults(handler=cmd_cancel)
+    cancel.set_defaults(handler=repeatable(cmd_cancel))
 
     resume = s.add_parser("resume", help="continue a sweep whose controller stopped")
     resume.add_argument("id", type=_number("sweep id"))
@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "trial", type=_number("trial number"), nargs="?",
         help="trial number (default: the last failed trial, else the best)",
     )
-    logs.set_defaults(handler=reads_only(cmd_logs))
+    logs.set_defaults(handler=repeatable(cmd_logs))
 
 
 def _json_flag(parser: argparse.ArgumentParser) -> None:

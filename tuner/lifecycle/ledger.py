@@ -17,7 +17,7 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from optuna.trial import TrialState as OptunaTrialState
 from sqlalchemy import CursorResult, func, select, update
@@ -159,18 +159,25 @@ class Ledger:
             return sweep.state
 
     @patient
-    def mark_cancelling(self, sweep_id: int, runs_here: bool = False) -> bool:
-        """Mark the sweep ``cancelling`` for its live controller to stop it; False when none
-        runs it (then :meth:`end_sweep` cancels it here). ``runs_here``: this process hosts
-        its controller, whatever the process's command line says."""
+    def mark_cancelling(
+        self, sweep_id: int, runs_here: bool = False
+    ) -> Literal["marked", "no controller", "cancelled"]:
+        """Mark the sweep ``cancelling`` for its live controller to stop it (``marked``);
+        ``no controller`` when none runs it (then :meth:`end_sweep` cancels it here).
+        ``runs_here``: this process hosts its controller, whatever the process's command line
+        says. A cancel is idempotent: a sweep already ``cancelled`` is left as it is
+        (``cancelled``), so a cancel sent again (its answer lost, the database away) changes
+        nothing; a sweep that ended otherwise cannot be cancelled."""
         with self.db.session() as s:
             sweep = _sweep(s, sweep_id, lock=True)
+            if sweep.state == SweepState.CANCELLED:
+                return "cancelled"
             if sweep.state.is_finished():
                 raise Conflict(f"sweep {sweep_id} is already {sweep.state}")
             if not (runs_here or controller_alive(sweep)):
-                return False
+                return "no controller"
             sweep.state = check_sweep(sweep.state, SweepState.CANCELLING)
-            return True
+            return "marked"
 
     @patient
     def note_cold_start(self, sweep_id: int, cold: str | None) -> None:

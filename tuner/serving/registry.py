@@ -146,7 +146,9 @@ class Registry:
         reason: str = "",
     ) -> ModelVersion:
         """Give ``stage`` to ``version``; whoever held it is archived. Both moves go into the
-        versions' history with ``reason`` (by default, who did it)."""
+        versions' history with ``reason`` (by default, who did it). Idempotent: a version
+        that holds ``stage`` already is left as it is (no second history entry), so a
+        promotion sent again (its answer lost, the database away) changes nothing."""
         if stage not in STAGES:
             raise RegistryError(f"stage: expected {' | '.join(STAGES)}, got {stage!r}")
         with self.db.session() as s:
@@ -159,20 +161,21 @@ class Registry:
                 if row is None:
                     self._model_must_exist(s, model, actor, is_admin)
                 raise NotFound(f"model {model} has no version {version}")
-            holders = s.scalars(
-                select(ModelVersion).where(
-                    ModelVersion.model == model,
-                    ModelVersion.stage == stage,
-                    ModelVersion.id != row.id,
+            if row.stage != stage:
+                holders = s.scalars(
+                    select(ModelVersion).where(
+                        ModelVersion.model == model,
+                        ModelVersion.stage == stage,
+                        ModelVersion.id != row.id,
+                    )
                 )
-            )
-            why = reason or (f"promoted by {actor}" if actor else "promoted")
-            for old in holders:
-                old.stage = ARCHIVED
-                _note(old, ARCHIVED, f"v{version} took {stage}: {why}")
-            row.stage = stage
-            row.promoted_at = utcnow()
-            _note(row, stage, why)
+                why = reason or (f"promoted by {actor}" if actor else "promoted")
+                for old in holders:
+                    old.stage = ARCHIVED
+                    _note(old, ARCHIVED, f"v{version} took {stage}: {why}")
+                row.stage = stage
+                row.promoted_at = utcnow()
+                _note(row, stage, why)
         self.write_serving_config()
         return row
 
