@@ -237,10 +237,10 @@ tuner.report(1.0)
 
 
 def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_path: Path) -> None:
-    """``sweep cancel`` and ``model promote`` started while the database is down wait it out
-    as the reading commands do (saying so once) and act when it is back; made again, each
-    changes nothing: a cancelled sweep is answered as it is, a version keeps its one history
-    entry for the stage it holds."""
+    """``sweep cancel``, ``model promote`` and ``sweep run`` started while the database is
+    down wait it out as the reading commands do (saying so once) and act when it is back, once:
+    one sweep submitted; made again, a cancel or a promotion changes nothing (a cancelled
+    sweep is answered as it is, a version keeps its one history entry for its stage)."""
     home = Home(tmp_path / "home", postgres.url)
     spec = write_sweep(tmp_path / "code", GATED, trials=2, parallelism=1, max_retries=0,
                        env={"GATE": str(tmp_path / "never")})
@@ -264,27 +264,33 @@ def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_pat
     postgres.crash()
     cancel = home.popen("sweep", "cancel", str(sweep_id), "--json")
     promote = home.popen("model", "promote", "m", "1", "--stage", "production", "--json")
-    outputs = {"cancel": (Output(cancel.stdout), Output(cancel.stderr)),
-               "promote": (Output(promote.stdout), Output(promote.stderr))}
+    quick = write_sweep(tmp_path / "quick", "import tuner\ntuner.report(1.0)\n", name="quick",
+                        trials=1)
+    submit = home.popen("sweep", "run", str(quick), "--wait", "--json")
+    procs = {"cancel": cancel, "promote": promote, "submit": submit}
+    outputs = {name: (Output(proc.stdout), Output(proc.stderr)) for name, proc in procs.items()}
     try:
         for name, (_, err) in outputs.items():
             wait_for(lambda err=err: MESSAGE in err.text, timeout=120,  # type: ignore[misc]
                      what=f"{name} to say the database is away")
-        assert cancel.poll() is None and promote.poll() is None
+        assert all(proc.poll() is None for proc in procs.values())
         postgres.start()
-        cancel.wait(timeout=300)
-        promote.wait(timeout=300)
+        for proc in procs.values():
+            proc.wait(timeout=300)
     finally:
-        for proc in (cancel, promote):
+        for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    for name, proc in (("cancel", cancel), ("promote", promote)):
+    for name, proc in procs.items():
         out, err = (o.done() for o in outputs[name])
         assert proc.returncode == 0, (name, err[-3000:])
         assert err.count(MESSAGE) == 1 and "Traceback" not in err, (name, err[-3000:])
     assert parse_json(outputs["cancel"][0].text)["state"] == "cancelled"
     assert parse_json(outputs["promote"][0].text)["stage"] == "production"
+    assert parse_json(outputs["submit"][0].text)["state"] == "completed"
+    listed = parse_json(home.cli("sweep", "list", "--json", check=True).stdout)
+    assert sorted(v["name"] for v in listed) == ["quick", "t"], listed  # submitted once
     # Made again, each changes nothing.
     again = home.cli("sweep", "cancel", str(sweep_id), "--json", check=True)
     assert parse_json(again.stdout)["state"] == "cancelled"
@@ -292,7 +298,8 @@ def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_pat
     [version] = registry.versions("m")
     assert [h["stage"] for h in version.history] == ["production"], version.history
     with db.session() as s:
-        assert {t.state for t in s.scalars(select(Trial))} == {"cancelled"}
+        cancelled = s.scalars(select(Trial).where(Trial.sweep_id == sweep_id))
+        assert {t.state for t in cancelled} == {"cancelled"}
     db.dispose()
 
 

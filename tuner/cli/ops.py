@@ -11,6 +11,7 @@ import builtins  # `list` names a method of a class below: its annotations say b
 import os
 from typing import Any
 
+from tunehub_base.outage import REQUEST_KEY
 from tuner.cli import context
 from tuner.serialize import sweep_view, trials_view
 from tuner.spec import SweepSpec
@@ -19,11 +20,13 @@ from tuner.spec import SweepSpec
 class LocalOps:
     remote = False
 
-    def submit(self, spec: SweepSpec, backend: str) -> dict[str, Any]:
+    def submit(self, spec: SweepSpec, backend: str, request_key: str | None = None
+               ) -> dict[str, Any]:
         from tuner.backends import make_backend
 
         be = make_backend(backend, context.settings())
-        return sweep_view(context.store().submit(spec, context.actor(), be))
+        return sweep_view(context.store().submit(spec, context.actor(), be,
+                                                 request_key=request_key))
 
     def get(self, sweep_id: int) -> dict[str, Any]:
         return sweep_view(context.store().get(sweep_id, context.actor()))
@@ -50,9 +53,11 @@ class RemoteOps:
 
         self.client = TunerClient()
 
-    def submit(self, spec: SweepSpec, backend: str) -> dict[str, Any]:
-        return dict(self.client.request("POST", "sweeps", {"spec": spec.to_dict(),
-                                                           "backend": backend}))
+    def submit(self, spec: SweepSpec, backend: str, request_key: str | None = None
+               ) -> dict[str, Any]:
+        return dict(self.client.request(
+            "POST", "sweeps", {"spec": spec.to_dict(), "backend": backend},
+            headers={REQUEST_KEY: request_key} if request_key else None))
 
     def get(self, sweep_id: int) -> dict[str, Any]:
         return dict(self.client.request("GET", f"sweeps/{sweep_id}"))

@@ -7,6 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import uuid
 from typing import Any
 
 from tuner.backends import BACKENDS
@@ -88,7 +89,11 @@ def _number(what: str) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = SweepSpec.from_yaml(args.spec)
     where = ops()
-    view = where.submit(spec, args.backend)
+    # One name for this submission, the same on each try: sent again while the database is
+    # away (or after a commit whose answer was lost), it finds the sweep it made.
+    key = uuid.uuid4().hex
+    with waiting_out_outages():
+        view = patient(where.submit)(spec, args.backend, key)
     if args.wait:
         if isinstance(where, RemoteOps):
             return follow(where, view["id"], as_json=args.json)
