@@ -236,24 +236,37 @@ tuner.report(1.0)
 """
 
 
-def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_path: Path) -> None:
-    """``sweep cancel``, ``model promote`` and ``sweep run`` started while the database is
-    down wait it out as the reading commands do (saying so once) and act when it is back, once:
-    one sweep submitted; made again, a cancel or a promotion changes nothing (a cancelled
-    sweep is answered as it is, a version keeps its one history entry for its stage)."""
-    home = Home(tmp_path / "home", postgres.url)
-    spec = write_sweep(tmp_path / "code", GATED, trials=2, parallelism=1, max_retries=0,
-                       env={"GATE": str(tmp_path / "never")})
-    submitted = parse_json(home.cli("sweep", "run", str(spec), "--json", check=True).stdout)
-    sweep_id = submitted["id"]
-    db = Database(postgres.url)
-
-    def running() -> bool:
+def home_trial_running(home: Home, sweep_id: int) -> bool:
+    db = Database(home.db_url)
+    try:
         with db.session() as s:
-            return any(t.state == "running" for t in s.scalars(select(Trial)))
+            return any(t.state == "running" for t in s.scalars(
+                select(Trial).where(Trial.sweep_id == sweep_id)))
+    finally:
+        db.dispose()
 
-    wait_for(running, timeout=120, what="a running trial")
-    os.kill(submitted["controller_pid"], signal.SIGKILL)  # no controller: the cancel is made here
+
+def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_path: Path) -> None:
+    """``sweep cancel``, ``model promote``, ``sweep run`` and ``sweep resume`` started while the
+    database is down wait it out as the reading commands do (saying so once) and act when it is
+    back, once: one sweep submitted, one resumed to its end; made again, a cancel or a
+    promotion changes nothing (a cancelled sweep is answered as it is, a version keeps its one
+    history entry for its stage)."""
+    home = Home(tmp_path / "home", postgres.url)
+    gate = tmp_path / "gate"
+    ids = {}
+    for name, opens in (("t", tmp_path / "never"), ("b", gate)):
+        spec = write_sweep(tmp_path / name, GATED, name=name, trials=1, parallelism=1,
+                           max_retries=0, env={"GATE": str(opens)})
+        submitted = parse_json(home.cli("sweep", "run", str(spec), "--json", check=True).stdout)
+        ids[name] = submitted["id"]
+        controller = submitted["controller_pid"]
+        wait_for(lambda: home_trial_running(home, ids[name]), timeout=120,  # noqa: B023
+                 what=f"sweep {name}'s trial to run")
+        # No controller: the cancel is made where it is asked, the resume takes it over.
+        os.kill(controller, signal.SIGKILL)
+    sweep_id = ids["t"]
+    db = Database(postgres.url)
     source = tmp_path / "model"
     source.mkdir()
     (source / "saved_model.pb").write_bytes(MINIMAL_SAVED_MODEL)
@@ -267,7 +280,8 @@ def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_pat
     quick = write_sweep(tmp_path / "quick", "import tuner\ntuner.report(1.0)\n", name="quick",
                         trials=1)
     submit = home.popen("sweep", "run", str(quick), "--wait", "--json")
-    procs = {"cancel": cancel, "promote": promote, "submit": submit}
+    resume = home.popen("sweep", "resume", str(ids["b"]), "--wait", "--json")
+    procs = {"cancel": cancel, "promote": promote, "submit": submit, "resume": resume}
     outputs = {name: (Output(proc.stdout), Output(proc.stderr)) for name, proc in procs.items()}
     try:
         for name, (_, err) in outputs.items():
@@ -275,6 +289,7 @@ def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_pat
                      what=f"{name} to say the database is away")
         assert all(proc.poll() is None for proc in procs.values())
         postgres.start()
+        gate.touch()  # sweep b's trial may finish now
         for proc in procs.values():
             proc.wait(timeout=300)
     finally:
@@ -289,8 +304,9 @@ def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_pat
     assert parse_json(outputs["cancel"][0].text)["state"] == "cancelled"
     assert parse_json(outputs["promote"][0].text)["stage"] == "production"
     assert parse_json(outputs["submit"][0].text)["state"] == "completed"
+    assert parse_json(outputs["resume"][0].text)["state"] == "completed"
     listed = parse_json(home.cli("sweep", "list", "--json", check=True).stdout)
-    assert sorted(v["name"] for v in listed) == ["quick", "t"], listed  # submitted once
+    assert sorted(v["name"] for v in listed) == ["b", "quick", "t"], listed  # submitted once
     # Made again, each changes nothing.
     again = home.cli("sweep", "cancel", str(sweep_id), "--json", check=True)
     assert parse_json(again.stdout)["state"] == "cancelled"

@@ -122,7 +122,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return follow(where, args.id, args.json) if args.wait else _submitted(
             view, args.json, "on the tuner service"
         )
-    view = where.get(args.id)
+    with waiting_out_outages():  # nothing is done before this read: waiting is safe
+        view = patient(where.get)(args.id)
     if args.wait:
         return drive(args.id, view["backend"], as_json=args.json, quiet=args.quiet)
     pid = start_detached(args.id)
