@@ -161,17 +161,17 @@ class Ledger:
     @patient
     def mark_cancelling(
         self, sweep_id: int, runs_here: bool = False
-    ) -> Literal["marked", "no controller", "cancelled"]:
+    ) -> Literal["marked", "no controller", "already"]:
         """Mark the sweep ``cancelling`` for its live controller to stop it (``marked``);
         ``no controller`` when none runs it (then :meth:`end_sweep` cancels it here).
         ``runs_here``: this process hosts its controller, whatever the process's command line
         says. A cancel is idempotent: a sweep already ``cancelled`` is left as it is
-        (``cancelled``), so a cancel sent again (its answer lost, the database away) changes
+        (``already``), so a cancel sent again (its answer lost, the database away) changes
         nothing; a sweep that ended otherwise cannot be cancelled."""
         with self.db.session() as s:
             sweep = _sweep(s, sweep_id, lock=True)
             if sweep.state == SweepState.CANCELLED:
-                return "cancelled"
+                return "already"
             if sweep.state.is_finished():
                 raise Conflict(f"sweep {sweep_id} is already {sweep.state}")
             if not (runs_here or controller_alive(sweep)):
