@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 import pytest
 from optuna.trial import TrialState as OptunaTrialState
+from prometheus_client import REGISTRY
 from sqlalchemy import select
 
 from tunehub_base.settings import load_settings
@@ -210,12 +211,21 @@ async def test_a_sweep_no_controller_runs_is_cancelled_here(lab: Lab) -> None:
     sweep_id = lab.submit(trials=4, parallelism=2)
     await lab.stop_engine_with_held(sweep_id, 2)  # the controller stops; its trials vanish
     lab.backend.lose_all()
+
+    def finished() -> float:
+        return REGISTRY.get_sample_value("tunehub_sweeps_finished_total",
+                                         {"state": "cancelled"}) or 0.0
+
+    before = finished()
     view = lab.store.cancel(sweep_id, ALICE)  # the CLI's way, from another process
     assert view.state == SweepState.CANCELLED
     rows = lab.trials(sweep_id)
     assert {r.state for r in rows.values()} == {TrialState.CANCELLED}
     assert {r.reason for r in rows.values()} == {"sweep cancelled"}
     assert_in_step_with_optuna(lab, sweep_id)
+    # Ended again (a cancel here racing the controller's own end): counted once.
+    lab.store._cancel_here(sweep_id)
+    assert finished() == before + 1
 
 
 async def test_attempts_that_outlive_their_controller_are_adopted_with_a_stable_address(

@@ -209,28 +209,31 @@ class Ledger:
         sweep takes the state ``decide`` gives for its counters. After the commit, Optuna is
         told each cancelled trial failed (it has no cancelled state). The controller's end and
         the offline cancel are both this."""
-        state, cancelled = self._write_end(sweep_id, decide, trials_reason)
+        state, cancelled, ended_now = self._write_end(sweep_id, decide, trials_reason)
         if cancelled:
             study = teller()
             for number in cancelled:
                 tell_quietly(study, number, TrialState.CANCELLED, None)
-        metrics.SWEEPS_FINISHED.labels(state).inc()
+        if ended_now:  # a sweep that another process ended meanwhile is counted there
+            metrics.SWEEPS_FINISHED.labels(state).inc()
         return state
 
     @patient
     def _write_end(
         self, sweep_id: int, decide: Decide, trials_reason: str
-    ) -> tuple[SweepState, list[int]]:
-        """:meth:`end_sweep`'s transaction: the state, and the numbers of the trials it
-        cancelled. Idempotent: a sweep already ended is answered as it was ended (its trials
-        cancelled with ``trials_reason``)."""
+    ) -> tuple[SweepState, list[int], bool]:
+        """:meth:`end_sweep`'s transaction: the state, the numbers of the trials it
+        cancelled, and whether this transaction ended the sweep. Idempotent: a sweep already
+        ended is answered as it was ended (its trials cancelled with ``trials_reason``), not
+        ended now (a retry after a commit whose answer was lost counts as not ended now: the
+        finished-sweeps metric may miss that sweep, never count one twice)."""
         with self.db.session() as s:
             sweep = _sweep(s, sweep_id, lock=True)
             if sweep.state.is_finished():
                 return SweepState(sweep.state), list(s.scalars(
                     select(Trial.number).where(Trial.sweep_id == sweep_id,
                                                Trial.state == TrialState.CANCELLED,
-                                               Trial.reason == trials_reason)))
+                                               Trial.reason == trials_reason))), False
             open_trials = s.scalars(
                 select(Trial).where(
                     Trial.sweep_id == sweep_id, Trial.state.in_(TrialState.unfinished())
@@ -246,7 +249,7 @@ class Ledger:
             sweep.reason = reason
             sweep.finished_at = utcnow()
             sweep.controller_pid = None
-        return state, cancelled
+        return state, cancelled, True
 
     # --- trials --------------------------------------------------------------------------
 
