@@ -7,8 +7,8 @@ started again: once for a sweep run from the CLI (``--wait``), once for a sweep 
 service runs, submitted and watched from the notebook client. The CLI and the service say so
 once in plain words, never a traceback; the notebook's ``watch()`` returns as without an
 outage; the sweep ends with exactly its trials, each number once, every report landed, and
-Optuna's study equal to ours. The CLI's writing commands that may be run again
-(``sweep cancel``, ``model promote``) wait an outage out too and act once.
+Optuna's study equal to ours. The CLI's writing commands (``sweep cancel``, ``model
+promote``, ``sweep run``, ``sweep resume``) wait an outage out too and act once.
 
 The outage's length is ``TUNEHUB_FAULT_OUTAGE_S`` when set (``python -m benchmarks faults --set
 faults_outage_s=300`` measures a 5-minute outage; too slow for the suite).
@@ -236,16 +236,6 @@ tuner.report(1.0)
 """
 
 
-def home_trial_running(home: Home, sweep_id: int) -> bool:
-    db = Database(home.db_url)
-    try:
-        with db.session() as s:
-            return any(t.state == "running" for t in s.scalars(
-                select(Trial).where(Trial.sweep_id == sweep_id)))
-    finally:
-        db.dispose()
-
-
 def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_path: Path) -> None:
     """``sweep cancel``, ``model promote``, ``sweep run`` and ``sweep resume`` started while the
     database is down wait it out as the reading commands do (saying so once) and act when it is
@@ -253,6 +243,13 @@ def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_pat
     promotion changes nothing (a cancelled sweep is answered as it is, a version keeps its one
     history entry for its stage)."""
     home = Home(tmp_path / "home", postgres.url)
+    db = Database(postgres.url)
+
+    def trial_running(sweep_id: int) -> bool:
+        with db.session() as s:
+            return any(t.state == "running" for t in s.scalars(
+                select(Trial).where(Trial.sweep_id == sweep_id)))
+
     gate = tmp_path / "gate"
     ids = {}
     for name, opens in (("t", tmp_path / "never"), ("b", gate)):
@@ -261,12 +258,11 @@ def test_cli_writes_wait_the_outage_out_and_act_once(postgres: Postgres, tmp_pat
         submitted = parse_json(home.cli("sweep", "run", str(spec), "--json", check=True).stdout)
         ids[name] = submitted["id"]
         controller = submitted["controller_pid"]
-        wait_for(lambda: home_trial_running(home, ids[name]), timeout=120,  # noqa: B023
+        wait_for(lambda: trial_running(ids[name]), timeout=120,  # noqa: B023
                  what=f"sweep {name}'s trial to run")
         # No controller: the cancel is made where it is asked, the resume takes it over.
         os.kill(controller, signal.SIGKILL)
     sweep_id = ids["t"]
-    db = Database(postgres.url)
     source = tmp_path / "model"
     source.mkdir()
     (source / "saved_model.pb").write_bytes(MINIMAL_SAVED_MODEL)

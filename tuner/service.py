@@ -30,7 +30,7 @@ from tuner.api.auth import make_hub_auth
 from tuner.api.context import ServiceContext
 from tuner.backends import make_backend
 from tuner.db import Database, SweepRow
-from tuner.db.outage import once_reachable, patient, waiting_out_outages
+from tuner.db.outage import once_reachable, patient, waited, waiting_out_outages
 from tuner.errors import Conflict
 from tuner.lifecycle.liveness import HEARTBEAT_SECONDS, controller_alive
 from tuner.lifecycle.states import SweepState
@@ -148,8 +148,7 @@ async def serve() -> None:
     db = await asyncio.to_thread(Database.when_reachable, settings.db_url)
     # Optuna's schema too, once, before the first submission (made by the first sweeps
     # submitted at once, it held their requests for seconds and raced between them).
-    with waiting_out_outages():
-        await asyncio.to_thread(patient(storage_for), settings.db_url)
+    await asyncio.to_thread(waited, storage_for, settings.db_url)
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     host, port = url.hostname or "127.0.0.1", url.port or 10101
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tuner/")
@@ -160,8 +159,7 @@ async def serve() -> None:
     backends = {name: make_backend(name, settings) for name in names}
     registry = Registry(db, settings.registry, settings.serving_root)
     # TensorFlow Serving finds a current file from the start (from the database: waited for).
-    with waiting_out_outages():
-        await asyncio.to_thread(patient(registry.write_serving_config))
+    await asyncio.to_thread(waited, registry.write_serving_config)
     engine = SweepHost(db, settings, backends, trial_api, registry, stable_api_url=True,
                        replica_url=replica_url)
     ctx = ServiceContext(

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from tuner.db.outage import DatabaseUnavailable, patient, unreachable, waiting_out_outages
+from tuner.db.outage import DatabaseUnavailable, unreachable, waited
 from tuner.errors import TunehubError
 
 EXIT_BAD_INPUT = 2
@@ -35,8 +35,7 @@ def repeatable(handler: Handler) -> Handler:
     command whose second run would act twice (``sweep run``) still exits with its one line."""
 
     def run(args: argparse.Namespace) -> int:
-        with waiting_out_outages():
-            return patient(handler)(args)
+        return waited(handler, args)
 
     return run
 

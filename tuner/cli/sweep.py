@@ -23,7 +23,7 @@ from tuner.cli.render import (
     summary_line,
     sweeps_table,
 )
-from tuner.db.outage import once_reachable, patient, waiting_out_outages
+from tuner.db.outage import once_reachable, waited
 from tuner.lifecycle.states import SweepState, TrialState
 from tuner.runtime import LocalRuntime
 from tuner.spec import SweepSpec
@@ -91,9 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     where = ops()
     # One name for this submission, the same on each try: sent again while the database is
     # away (or after a commit whose answer was lost), it finds the sweep it made.
-    key = uuid.uuid4().hex
-    with waiting_out_outages():
-        view = patient(where.submit)(spec, args.backend, key)
+    view = waited(where.submit, spec, args.backend, uuid.uuid4().hex)
     if args.wait:
         if isinstance(where, RemoteOps):
             return follow(where, view["id"], as_json=args.json)
@@ -122,8 +120,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return follow(where, args.id, args.json) if args.wait else _submitted(
             view, args.json, "on the tuner service"
         )
-    with waiting_out_outages():  # nothing is done before this read: waiting is safe
-        view = patient(where.get)(args.id)
+    view = waited(where.get, args.id)  # nothing is done before this read: waiting is safe
     if args.wait:
         return drive(args.id, view["backend"], as_json=args.json, quiet=args.quiet)
     pid = start_detached(args.id)
@@ -154,8 +151,7 @@ def drive(sweep_id: int, backend: str, as_json: bool = False, quiet: bool = Fals
     # progress bar wait it out (tuner.db.outage), saying so once; the trials' reports to
     # this process's API get a 503 meanwhile, and their SDK sends them again.
     def read() -> dict[str, Any]:
-        with waiting_out_outages():
-            return patient(local.get)(sweep_id)
+        return waited(local.get, sweep_id)
 
     async def main() -> str:
         async with LocalRuntime(settings, db, [backend]) as engine:
@@ -164,8 +160,7 @@ def drive(sweep_id: int, backend: str, as_json: bool = False, quiet: bool = Fals
             return task.result()
 
     state = asyncio.run(main())
-    with waiting_out_outages():
-        patient(_final)(local, sweep_id, as_json, quiet)
+    waited(_final, local, sweep_id, as_json, quiet)
     return 0 if state == SweepState.COMPLETED else EXIT_FAILED
 
 

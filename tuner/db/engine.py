@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.db.outage import patient, waiting_out_outages
+from tuner.db.outage import waited
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "tunehub_alembic_version"
@@ -78,8 +78,7 @@ class Database:
         """``Database(url)``, waiting out an outage (with backoff, said once in the log) instead
         of failing: a process that starts while its database is down (the tuner service after a
         machine's reboot, a failover in progress) comes up when it returns, not in a crash loop."""
-        with waiting_out_outages():
-            return patient(cls)(url)
+        return waited(cls, url)
 
     def migrate(self) -> None:
         from alembic import command

@@ -157,6 +157,14 @@ def waiting_out_outages(wait: bool = True) -> Iterator[None]:
         _waits.reset(token)
 
 
+def waited(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``fn`` (one whole transaction, :func:`patient`'s rule) called now, waiting a database
+    outage out whatever the caller's setting: for callers that can only wait (a CLI command,
+    a process starting)."""
+    with waiting_out_outages():
+        return patient(fn)(*args, **kwargs)
+
+
 async def off_the_loop_while_down(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     """``fn`` (a :func:`patient` call) on the event loop as usual; while the database is
     unreachable, waited out in a worker thread instead, so that the loop's other work goes
