@@ -12,10 +12,14 @@ shutting down user servers"), done here for ``tunehub up``.
   every server through the hub's API, as the service ``tunehub-up`` (its token is a file that
   ``tunehub up`` writes afresh each run, in the same directory), then stops the proxy.
 
-The managed services (the tuner's keeper, the culler) are children of the hub: the hub stops them
-when it stops, and they exit when it is killed (``die_with_parent``; the keeper passes the stop on
-to the tuner, :mod:`tuner.keeper`), so the next hub can start them again on the same port; the
-tuner's controllers resume their sweeps.
+- The tuner runs on too, with its sweeps and their running trials: what the hub manages is a
+  stand-in for a keeper detached from it (:mod:`tuner.detached_keeper`), which the next hub's
+  stand-in finds; ``tunehub up`` stops that keeper on Ctrl-C, after the hub.
+
+The culler is a child of the hub: the hub stops it when it stops, and it exits when the hub is
+killed (``die_with_parent``), so the next hub can start it again. A hub started otherwise than by
+``tunehub up`` (no stopper token) manages its tuner as before: the tuner stops with it, and its
+controllers resume their sweeps when the next hub starts it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import Any
 from jupyterhub.proxy import ConfigurableHTTPProxy
 from tornado.ioloop import PeriodicCallback
 
-from tunehub_base.pid_files import recorded_process
+from hub import tuner_service
+from tunehub_base.pid_files import TUNER_KEEPER_PID_FILE, TUNER_OUTLIVES_HUB, recorded_process
 from tunehub_base.process_identity import ProcessIdentity
 
 #: The service ``tunehub up`` acts as when it stops everyone's servers.
@@ -37,6 +42,7 @@ STOPPER = "tunehub-up"
 STOPPER_TOKEN_FILE = "up-token"
 PROXY_TOKEN_FILE = "proxy-auth-token"
 PROXY_MARKER = b"hub.proxy"
+TUNER_TOKEN_FILE = "tuner-token"
 
 
 def secret_file(path: Path) -> str:
@@ -63,6 +69,23 @@ def configure(c: Any, state: Path) -> None:
         c.JupyterHub.load_roles.append({
             "name": STOPPER, "description": "tunehub up stops every server on Ctrl-C",
             "scopes": ["list:users", "admin:servers"], "services": [STOPPER]})
+        _tuner_outlives_hub(c, state)
+
+
+def _tuner_outlives_hub(c: Any, state: Path) -> None:
+    """Under ``tunehub up`` (our parent, which stops the tuner on Ctrl-C) the default tuner
+    command runs detached from the hub (:mod:`tuner.detached_keeper`), with an API token that
+    is the same on every start of the hub: the running service keeps the one it was given."""
+    for service in c.JupyterHub.services:
+        if service.get("name") == tuner_service.SERVICE_NAME and (
+                service.get("command") == tuner_service.default_command()):
+            try:
+                up = ProcessIdentity.of(os.getppid()).line()
+            except ProcessLookupError:
+                return
+            service["command"] = [*service["command"], TUNER_OUTLIVES_HUB,
+                                  str(state / TUNER_KEEPER_PID_FILE), up]
+            service["api_token"] = secret_file(state / TUNER_TOKEN_FILE)
 
 
 class _Adopted:

@@ -99,3 +99,76 @@ def test_a_service_that_keeps_dying_is_started_again_with_pauses(tmp_path: Path)
     assert len(_children(where)) == 4, out
     # Stopped in the pause (128 + SIGINT), or just as the fourth was reaped (its code).
     assert keeper.returncode in (1, 128 + int(signal.SIGINT)), out
+
+
+# --- detached from the hub (tuner.detached_keeper) -------------------------------------------
+
+DETACHED_KEEPER = ("import sys; from tuner.detached_keeper import watch_up; "
+                   "from tuner.keeper import Keeper; watch_up(sys.argv[1]); "
+                   "sys.exit(Keeper(sys.argv[2:]).run())")
+STAND_IN = ("import logging, sys; from pathlib import Path; "
+            "from tuner.detached_keeper import stand_in; logging.basicConfig(level='INFO'); "
+            "sys.exit(stand_in(Path(sys.argv[1]), sys.argv[2:]))")
+
+
+def test_the_kept_service_outlives_the_hubs_stand_in_and_ends_with_tunehub_up(
+    tmp_path: Path,
+) -> None:
+    """What the hub manages under ``tunehub up`` is a stand-in: it starts a keeper detached from
+    it, and a stop or death of the stand-in (the hub's restart) leaves keeper and service
+    running; the next stand-in finds them and starts nothing. The keeper ends, stopping its
+    service, when the ``tunehub up`` it ran under has ended (here a sleeper stands for it),
+    and the stand-in then ends too, so the hub would see its service gone."""
+    (tmp_path / "child.py").write_text(CHILD)
+    where = tmp_path / "marks"
+    where.mkdir()
+    pid_file = tmp_path / "tuner-keeper.pid"
+    up = subprocess.Popen(["sleep", "600"])
+    stand_ins: list[subprocess.Popen[str]] = []
+
+    def stand_in() -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STAND_IN, str(pid_file), sys.executable, "-c",
+             DETACHED_KEEPER, ProcessIdentity.of(up.pid).line(), sys.executable,
+             str(tmp_path / "child.py"), str(where)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stand_ins.append(proc)
+        return proc
+
+    try:
+        first = stand_in()
+        [service_pid] = wait_for(lambda: _children(where), what="the service to start")
+        service = ProcessIdentity.of(service_pid)
+        keeper = ProcessIdentity.parse(wait_for(lambda: pid_file.is_file() and
+                                                pid_file.read_text(), what="the record"))
+        assert keeper.alive() and keeper.pid != first.pid
+
+        first.send_signal(signal.SIGTERM)  # the hub stops its service (its own stop)
+        assert first.wait(timeout=30) == 0
+        second = stand_in()
+        assert second.stdout is not None
+        attached = second.stdout.readline()
+        assert f"the tuner's keeper (pid {keeper.pid}) runs on" in attached, attached
+        assert second.poll() is None  # it stays while the keeper runs
+        second.kill()  # the hub killed (SIGKILL reaches the stand-in through the death signal)
+        second.wait()
+        third = stand_in()
+        assert third.stdout is not None
+        attached = third.stdout.readline()  # (its first word, before tunehub up ends below)
+        assert f"the tuner's keeper (pid {keeper.pid}) runs on" in attached, attached
+        assert service.alive() and keeper.alive(), "a stand-in's end took the service along"
+        assert _children(where) == [service_pid], "a second service was started"
+        assert list(where.glob("stopped-*")) == []
+
+        up.kill()  # tunehub up ends: the keeper stops its service, the stand-in sees it end
+        up.wait()
+        third_out, _ = third.communicate(timeout=60)
+        wait_for(lambda: keeper.alive() is False, what="the keeper to end")
+        assert (where / f"stopped-{service_pid}-{int(signal.SIGTERM)}").exists()
+        assert third.returncode != 0, third_out  # the tuner ended: the hub starts it again
+        first_out = first.communicate()[0]
+        assert f"started the tuner's keeper (pid {keeper.pid})" in first_out, first_out
+    finally:
+        up.kill()
+        for proc in stand_ins:
+            proc.kill()

@@ -10,6 +10,12 @@ from pathlib import Path
 
 from tunehub_base.process_identity import ProcessIdentity
 
+#: Under ``tunehub up`` the tuner's keeper runs detached from the hub
+#: (:mod:`tuner.detached_keeper`): the hub's config asks for it with this flag and names this
+#: record in the hub's state directory, which ``tunehub up`` reads to stop it.
+TUNER_OUTLIVES_HUB = "--outlive-hub"
+TUNER_KEEPER_PID_FILE = "tuner-keeper.pid"
+
 #: Seconds a process's start may seem to follow its pid file's writing (the boot time it is
 #: reckoned from is whole seconds).
 PID_FILE_SLACK = 2.0

@@ -10,6 +10,9 @@ takes to start and resume its sweeps.
 
 - A stop asked of the keeper (SIGINT or SIGTERM from the hub, or the hub's own death through the
   parent-death signal) is passed on to the service, and the keeper exits as the service did.
+  Under ``tunehub up`` the keeper is detached from the hub instead, so that a restarted hub
+  finds the tuner and its running trials as it left them (:mod:`tuner.detached_keeper`); then
+  ``tunehub up`` is the one that stops it.
 - The service dies with the keeper (``PR_SET_PDEATHSIG``): a killed keeper leaves nothing
   holding the port that the hub starts its successor on.
 - A service that keeps dying within :data:`SETTLED_SECONDS` of starting is started again after a
@@ -25,10 +28,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import FrameType
 
 from tunehub_base.exit_status import describe_exit
 from tunehub_base.parent_process import die_with_parent, parent_runs
+from tunehub_base.pid_files import TUNER_OUTLIVES_HUB
+from tuner.detached_keeper import DETACHED, keeper_command, stand_in, watch_up
 
 #: A service that ran this long before it died is started again at once.
 SETTLED_SECONDS = 30.0
@@ -76,13 +82,19 @@ class Keeper:
 
 
 def main() -> None:
-    if parent_runs(b"jupyterhub"):
-        die_with_parent(signal.SIGTERM)  # (passed on to the service: see the docstring)
     logging.basicConfig(
         level=os.environ.get("TUNEHUB_LOG_LEVEL", "INFO"),
         format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s",
     )
-    sys.exit(Keeper([sys.executable, "-m", "tuner.service", *sys.argv[1:]]).run())
+    args = sys.argv[1:]
+    if args[:1] == [TUNER_OUTLIVES_HUB] and len(args) >= 3:  # the hub's stand-in (tunehub up)
+        sys.exit(stand_in(Path(args[1]), keeper_command(args[2], args[3:])))
+    if args[:1] == [DETACHED] and len(args) >= 2:  # started by the stand-in
+        watch_up(args[1])
+        args = args[2:]
+    elif parent_runs(b"jupyterhub"):
+        die_with_parent(signal.SIGTERM)  # (passed on to the service: see the docstring)
+    sys.exit(Keeper([sys.executable, "-m", "tuner.service", *args]).run())
 
 
 if __name__ == "__main__":

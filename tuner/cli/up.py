@@ -6,8 +6,10 @@ first run creates an admin account and prints its password once (only a hash is 
 runs reuse ``$TUNEHUB_HOME`` (accounts, the hub's database, sweeps, models).
 
 The hub may die (killed, a crash) while people work: it is started again, and finds their
-notebook servers and the proxy still running (hub/hub_restart.py). Ctrl-C stops everything:
-every server (through the hub's API), the hub (which stops its services) and the proxy.
+notebook servers, the proxy and the tuner with its running trials (its keeper runs detached from
+the hub, :mod:`tuner.detached_keeper`) still running (hub/hub_restart.py). Ctrl-C stops
+everything: every server (through the hub's API), the hub (which stops the culler), the tuner and
+the proxy.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import httpx
 
 from tunehub_base import datastore, ports, unix_users
 from tunehub_base.options import hub_state_dir, setting, url_of
-from tunehub_base.pid_files import recorded_process
+from tunehub_base.pid_files import TUNER_KEEPER_PID_FILE, recorded_process
 from tunehub_base.settings import load_settings
 from tuner.cli import isolation
 from tuner.cli.errors import EXIT_FAILED, CliError
 from tuner.cli.examples import seed_examples
+from tuner.detached_keeper import recorded_keeper, wait_ended
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "jupyterhub_config.py"
 ADMIN = "admin"
@@ -211,6 +214,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if proc.poll() is None:
             _stop_servers(public_url, stopper)
         _stop(proc)
+        _stop_tuner(state / TUNER_KEEPER_PID_FILE)
         _stop_leftover_proxy(state / "proxy.pid")
         if log:
             log.close()
@@ -326,6 +330,23 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+def _stop_tuner(pid_file: Path) -> None:
+    """The tuner's keeper runs detached from the hub (so that a restarted hub finds it and its
+    running trials, :mod:`tuner.detached_keeper`): stopped here, after the hub, as the hub
+    stopped it before. SIGTERM is passed on to the service, which stops its trials cleanly;
+    SIGKILL after :data:`STOP_TIMEOUT`."""
+    keeper = recorded_keeper(pid_file)
+    if keeper is None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(keeper.pid, sig)
+        except ProcessLookupError:
+            return
+        if wait_ended(keeper, STOP_TIMEOUT):
+            return
 
 
 def _stop_leftover_proxy(pid_file: Path) -> None:
