@@ -5,6 +5,7 @@ under the keeper, killed under ``tunehub up``: ``tests/test_faults_tuner_killed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -172,3 +173,13 @@ def test_the_kept_service_outlives_the_hubs_stand_in_and_ends_with_tunehub_up(
         up.kill()
         for proc in stand_ins:
             proc.kill()
+        # Whatever a failed run left: the keeper (nobody's child to end with) and its service,
+        # each only while it is still that process (not one that took its pid since).
+        records = pid_file.read_text().splitlines() if pid_file.exists() else []
+        for left in [*map(ProcessIdentity.parse, records)]:
+            if left.alive():
+                os.kill(left.pid, signal.SIGKILL)
+        for pid in _children(where):
+            with contextlib.suppress(OSError):
+                if str(tmp_path).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)

@@ -17,7 +17,9 @@ Two processes, so that the hub still manages a service it can start, poll and st
   running as before. ``tunehub up`` stops it on Ctrl-C (SIGTERM, after the hub), and it stops
   of its own accord when the ``tunehub up`` that it was started under (``UP``: that process's
   identity, pid and start time, so a reused pid is not taken for it) has ended, so a killed
-  ``tunehub up`` leaves no tuner behind.
+  ``tunehub up`` leaves no detached tuner behind. The hub it leaves (JupyterHub runs on when
+  its parent dies) starts its tuner again at its next poll, as its own child then: a stand-in
+  whose ``tunehub up`` has ended runs the keeper itself, as a hub started otherwise does.
 
 The pid file lies in the hub's root-only state directory and holds the keeper's identity (pid
 and start time): a record whose process ended, or whose pid another process took since, names
@@ -136,6 +138,14 @@ def stand_in(pid_file: Path, keeper_argv: list[str]) -> int:
     if child is not None:
         return child.wait()
     return 1  # it ended (killed, or stopped by someone else): the hub starts the tuner again
+
+
+def runs(up: str) -> bool:
+    """Whether the process recorded as ``up`` (an identity line) still runs."""
+    try:
+        return ProcessIdentity.parse(up).alive() is True
+    except ValueError:
+        return False
 
 
 def watch_up(up: str) -> None:

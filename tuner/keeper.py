@@ -34,7 +34,7 @@ from types import FrameType
 from tunehub_base.exit_status import describe_exit
 from tunehub_base.parent_process import die_with_parent, parent_runs
 from tunehub_base.pid_files import TUNER_OUTLIVES_HUB
-from tuner.detached_keeper import DETACHED, keeper_command, stand_in, watch_up
+from tuner.detached_keeper import DETACHED, keeper_command, runs, stand_in, watch_up
 
 #: A service that ran this long before it died is started again at once.
 SETTLED_SECONDS = 30.0
@@ -86,13 +86,17 @@ def main() -> None:
         level=os.environ.get("TUNEHUB_LOG_LEVEL", "INFO"),
         format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s",
     )
-    args = sys.argv[1:]
+    args, detached = sys.argv[1:], False
     if args[:1] == [TUNER_OUTLIVES_HUB] and len(args) >= 3:  # the hub's stand-in (tunehub up)
-        sys.exit(stand_in(Path(args[1]), keeper_command(args[2], args[3:])))
-    if args[:1] == [DETACHED] and len(args) >= 2:  # started by the stand-in
+        if runs(args[2]):
+            sys.exit(stand_in(Path(args[1]), keeper_command(args[2], args[3:])))
+        # Its tunehub up has ended (killed), leaving this hub: its tuner is its child again.
+        log.warning("tunehub up has ended; the tuner runs as the hub's child")
+        args = args[3:]
+    elif args[:1] == [DETACHED] and len(args) >= 2:  # started by the stand-in
         watch_up(args[1])
-        args = args[2:]
-    elif parent_runs(b"jupyterhub"):
+        args, detached = args[2:], True
+    if not detached and parent_runs(b"jupyterhub"):
         die_with_parent(signal.SIGTERM)  # (passed on to the service: see the docstring)
     sys.exit(Keeper([sys.executable, "-m", "tuner.service", *args]).run())
 
