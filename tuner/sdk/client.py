@@ -11,6 +11,7 @@ import base64
 import builtins  # `list` names a method of a class below: its annotations say builtins.list
 import logging
 import os
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -73,20 +74,27 @@ class TunerClient:
 
     def _send(self, method: str, path: str, json: Any,
               headers: dict[str, str] | None = None) -> httpx.Response:
-        """One request, sent again while the tuner answers 503 (its database is away for a
-        while), after its ``Retry-After``, for up to :data:`OUTAGE_SECONDS` from the first
-        503: the bound the tuner's controllers wait an outage out for, so a call gives up
-        only once the sweeps behind it have too. The outage is said once per client (and
-        that it is over), not once per call."""
+        """One request, sent again while the tuner is away for a while, for up to
+        :data:`OUTAGE_SECONDS` from the first refusal: the bound the tuner's controllers wait
+        an outage out for, so a call gives up only once the sweeps behind it have too. Away
+        means it answers 503 (its database is away; sent again after its ``Retry-After``), or
+        nothing listens on its port (the service is being started again: killed, its keeper
+        starts it; nothing was sent, so any request may be sent again). A certificate that
+        fails verification is no outage: it is said at once, never retried into. The outage
+        is said once per client (and that it is over), not once per call."""
         deadline: float | None = None
         delay = 0.5
         while True:
             try:
-                response = self.http.request(method, self.url + path.lstrip("/"), json=json,
-                                             headers=headers)
+                response: httpx.Response | None = self.http.request(
+                    method, self.url + path.lstrip("/"), json=json, headers=headers)
+            except httpx.ConnectError as exc:
+                if _not_verified(exc):
+                    raise TunehubError(f"cannot reach the tuner at {self.url}: {exc}") from None
+                response, refused = None, f"cannot connect: {exc}"
             except httpx.HTTPError as exc:
                 raise TunehubError(f"cannot reach the tuner at {self.url}: {exc}") from None
-            if response.status_code != 503:
+            if response is not None and response.status_code != 503:
                 if self._unavailable_since is not None:
                     log.warning("the tuner answers again after %.0f s; carrying on",
                                 time.time() - self._unavailable_since)
@@ -96,17 +104,32 @@ class TunerClient:
             if deadline is None:
                 deadline = now + OUTAGE_SECONDS
             elif now > deadline:
+                if response is None:
+                    raise TunehubError(f"cannot reach the tuner at {self.url}: {refused}")
                 return response
             if self._unavailable_since is None:
                 self._unavailable_since = time.time()
                 log.warning("the tuner is unavailable since %s (%s), retrying",
-                            time.strftime("%H:%M:%S"), _error_of(response))
+                            time.strftime("%H:%M:%S"),
+                            _error_of(response) if response is not None else refused)
             try:
-                delay = max(delay, float(response.headers.get("Retry-After", delay)))
+                if response is not None:
+                    delay = max(delay, float(response.headers.get("Retry-After", delay)))
             except ValueError:
                 pass
             time.sleep(min(delay, 10.0))  # backoff between retries of an unavailable service
             delay = min(delay * 2, 10.0)
+
+
+def _not_verified(exc: BaseException) -> bool:
+    """Whether a failed connection failed on TLS (a certificate not the tuner's, a server that
+    speaks no TLS): whoever holds the port is not the tuner, and waiting will not make it so."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _error_of(response: httpx.Response) -> str:
