@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.polling import wait_for
+from tests.polling import InBackground, wait_for
 from tunehub_base.ports import unclaimed_ports
 from tuner.errors import TunehubError
 from tuner.sdk.client import TunerClient
@@ -62,22 +62,16 @@ def test_a_call_waits_while_nothing_listens_and_is_answered_once_the_tuner_is_ba
     caplog.set_level(logging.WARNING, logger="tunehub.client")
     (port,) = unclaimed_ports(1)
     client = TunerClient(url=f"http://127.0.0.1:{port}/services/tuner", token="a-token")
-    answers: list[Any] = []
+    waiting = InBackground(lambda: client.request("GET", "sweeps"))
 
-    def call() -> None:
-        try:
-            answers.append(client.request("GET", "sweeps"))
-        except Exception as exc:  # (shown by the assertion below)
-            answers.append(exc)
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "tunehub.client"]
 
-    waiting = threading.Thread(target=call)
-    waiting.start()
-    said = lambda: [r.getMessage() for r in caplog.records if r.name == "tunehub.client"]  # noqa: E731
-    wait_for(lambda: answers or any("unavailable since" in m for m in said()), timeout=30,
-             what="the client to say the tuner is away")
-    assert not answers, answers  # still waiting: no error for a tuner being started again
+    wait_for(lambda: waiting.answers or any("unavailable since" in m for m in said()),
+             timeout=30, what="the client to say the tuner is away")
+    assert not waiting.answers, waiting.answers  # still waiting: no error for a restart
     with _tuner_on(port):
-        waiting.join(timeout=60)
+        answers = waiting.join(timeout=60)
         assert answers == [[]], answers
     messages = said()
     away = [m for m in messages if "unavailable since" in m]

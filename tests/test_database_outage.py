@@ -36,7 +36,7 @@ from sqlalchemy import func, select
 from tests.conftest import Home
 from tests.fault_records import FaultRecord, outage_seconds
 from tests.fault_records import record as record_fault
-from tests.polling import wait_for
+from tests.polling import InBackground, wait_for
 from tests.service_fixtures import running_tuner_hub
 from tests.sweeps_helpers import MINIMAL_SAVED_MODEL, parse_json, record_dir, write_sweep
 from tunehub_base.outage import OUTAGE_SECONDS
@@ -334,22 +334,13 @@ def test_service_answers_503_while_the_database_is_away(
         # The notebook client sends its call again while it gets 503s: it returns once the
         # database is back, with the answer.
         client = TunerClient(url=f"{hub.url}services/tuner", token=hub.token("alice", READ_SUBMIT))
-        answers: list[object] = []
-
-        def call() -> None:
-            try:
-                answers.append(client.request("GET", "sweeps"))
-            except Exception as exc:  # (shown by the assertion below)
-                answers.append(exc)
-
-        waiting = threading.Thread(target=call)
-        waiting.start()
+        waiting = InBackground(lambda: client.request("GET", "sweeps"))
         refused = "GET /services/tuner/api/v1/sweeps -> 503"  # the service's log, per answer
-        wait_for(lambda: answers or hub.log.read_text().count(refused) >= 3,
+        wait_for(lambda: waiting.answers or hub.log.read_text().count(refused) >= 3,
                  timeout=60, what="the client's call answered 503 twice")
-        assert not answers, answers
+        assert not waiting.answers, waiting.answers
         postgres.start()
-        waiting.join(timeout=120)
+        answers = waiting.join(timeout=120)
         assert answers == [[]], answers
         wait_for(lambda: alice.get("sweeps").status_code == 200, timeout=120,
                  what="the API to answer again")

@@ -86,37 +86,38 @@ class TunerClient:
         delay = 0.5
         while True:
             try:
-                response: httpx.Response | None = self.http.request(
-                    method, self.url + path.lstrip("/"), json=json, headers=headers)
+                answer = self.http.request(method, self.url + path.lstrip("/"), json=json,
+                                           headers=headers)
             except httpx.ConnectError as exc:
                 if _not_verified(exc):
                     raise TunehubError(f"cannot reach the tuner at {self.url}: {exc}") from None
-                response, refused = None, f"cannot connect: {exc}"
+                response: httpx.Response | None = None
+                away = f"cannot connect: {exc}"
             except httpx.HTTPError as exc:
                 raise TunehubError(f"cannot reach the tuner at {self.url}: {exc}") from None
-            if response is not None and response.status_code != 503:
-                if self._unavailable_since is not None:
-                    log.warning("the tuner answers again after %.0f s; carrying on",
-                                time.time() - self._unavailable_since)
-                    self._unavailable_since = None
-                return response
+            else:
+                if answer.status_code != 503:
+                    if self._unavailable_since is not None:
+                        log.warning("the tuner answers again after %.0f s; carrying on",
+                                    time.time() - self._unavailable_since)
+                        self._unavailable_since = None
+                    return answer
+                response, away = answer, _error_of(answer)
+                try:
+                    delay = max(delay, float(answer.headers.get("Retry-After", delay)))
+                except ValueError:
+                    pass
             now = time.monotonic()
             if deadline is None:
                 deadline = now + OUTAGE_SECONDS
             elif now > deadline:
                 if response is None:
-                    raise TunehubError(f"cannot reach the tuner at {self.url}: {refused}")
+                    raise TunehubError(f"cannot reach the tuner at {self.url}: {away}")
                 return response
             if self._unavailable_since is None:
                 self._unavailable_since = time.time()
                 log.warning("the tuner is unavailable since %s (%s), retrying",
-                            time.strftime("%H:%M:%S"),
-                            _error_of(response) if response is not None else refused)
-            try:
-                if response is not None:
-                    delay = max(delay, float(response.headers.get("Retry-After", delay)))
-            except ValueError:
-                pass
+                            time.strftime("%H:%M:%S"), away)
             time.sleep(min(delay, 10.0))  # backoff between retries of an unavailable service
             delay = min(delay * 2, 10.0)
 
@@ -125,7 +126,9 @@ def _not_verified(exc: BaseException) -> bool:
     """Whether a failed connection failed on TLS (a certificate not the tuner's, a server that
     speaks no TLS): whoever holds the port is not the tuner, and waiting will not make it so."""
     seen: BaseException | None = exc
-    while seen is not None:
+    for _ in range(16):  # a chain of causes is short; bounded should one ever loop
+        if seen is None:
+            return False
         if isinstance(seen, ssl.SSLError):
             return True
         seen = seen.__cause__ or seen.__context__
