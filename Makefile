@@ -56,9 +56,12 @@ lint: $(STAMP)
 test: $(STAMP) browser image-tools acl nftables
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	# Two workers, each running whole test files (a file's module fixtures, such as the image
-	# build, stay in one process); the suite keeps no state between files.
-	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests kubesim/tests
+	# Three workers, each running whole test files (a file's module fixtures, such as the image
+	# build, stay in one process); the suite keeps no state between files. Three on 2 cores:
+	# much of a test is waiting on processes it started (a hub, a trial), and with two the
+	# cores were busy 71% of the time (37:46, the image cache cold: 8 of one worker's minutes);
+	# with three 81% (27:41, the cache warm). Every test waits on conditions, never on time.
+	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadfile --durations=25 tests kubesim/tests
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
