@@ -53,6 +53,9 @@ class AnswerCutter:
         self.upstream = upstream
         self.armed = False
         self.only = b""  # cut only kinds of write that start with this
+        #: True: the cut commit reaches the server, its answer is lost; False: the connection
+        #: is cut before the commit is sent, and the server rolls the transaction back.
+        self.land = True
         self.cut: list[bytes] = []  # the kinds of write whose commit answer was lost
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", unclaimed_port()))
@@ -87,6 +90,8 @@ class AnswerCutter:
                     if self.armed and new:
                         self.cut += new
                         doomed.set()
+                        if not self.land:
+                            break
                 writes = set()
             tail = seen[-len(COMMIT):]
             try:
@@ -209,6 +214,66 @@ def test_a_submission_whose_commit_answer_is_lost_is_made_once(
         # Another request (another key, or none) is another sweep.
         other = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-2")
         assert other.id != again.id and len(lab.store.list(ALICE)) == 2
+    finally:
+        lab.db.dispose()
+        storage_for(url).engine.dispose()
+        forget_storages()
+
+
+def test_a_submission_whose_commit_never_landed_leaves_no_second_study(
+        tmp_path: Path, cutter: tuple[AnswerCutter, str]) -> None:
+    """The database went away before the sweep's row committed, after the submission had
+    created its Optuna study: the same request sent again makes the sweep once and with that
+    study (named by the request's key), so no unused study is left behind; a submission with
+    another key has a study of its own."""
+    relay, url = cutter
+    lab = Lab(tmp_path, url)
+    spec = SweepSpec.from_dict({
+        "name": "never", "command": "python -c pass", "metric": "score", "trials": 2,
+        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}}, "code": str(tmp_path)})
+    relay.only, relay.land, relay.armed = b"tunehub_sweeps", False, True
+    try:
+        with pytest.raises(Exception) as lost:
+            lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1")
+        assert unreachable(lost.value), lost.value
+        assert b"tunehub_sweeps" in relay.cut
+        assert lab.store.list(ALICE) == []  # rolled back: no sweep
+        (left,) = optuna.get_all_study_names(url)  # but the study it created before
+        again = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1")
+        assert [s.id for s in lab.store.list(ALICE)] == [again.id]
+        assert again.study_name == left and optuna.get_all_study_names(url) == [left]
+        other = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-2")
+        assert sorted(optuna.get_all_study_names(url)) == sorted([left, other.study_name])
+        assert other.study_name != left
+    finally:
+        lab.db.dispose()
+        storage_for(url).engine.dispose()
+        forget_storages()
+
+
+def test_the_second_of_two_submissions_sent_at_once_keeps_the_first_ones_study(
+        tmp_path: Path, cutter: tuple[AnswerCutter, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tries of one request at once (a client that timed out and sent it again while the
+    first was being made): both load the key's study, the second's row loses to the first's
+    on the key, and it answers the first sweep without deleting the study that sweep runs on.
+    The race is made certain by letting the second try's first look for its key miss, as it
+    does when the first try has not committed yet."""
+    _, url = cutter
+    lab = Lab(tmp_path, url)
+    spec = SweepSpec.from_dict({
+        "name": "twice", "command": "python -c pass", "metric": "score", "trials": 2,
+        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}}, "code": str(tmp_path)})
+    try:
+        first = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1")
+        misses = iter([True])  # the first look misses; the later ones look
+        looked_up = lab.store._submitted
+        monkeypatch.setattr(lab.store, "_submitted", lambda actor, key: (
+            None if next(misses, False) else looked_up(actor, key)))
+        second = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1")
+        assert second.id == first.id and [s.id for s in lab.store.list(ALICE)] == [first.id]
+        assert optuna.get_all_study_names(url) == [first.study_name]
+        assert Path(first.code_dir or "").is_dir()
     finally:
         lab.db.dispose()
         storage_for(url).engine.dispose()

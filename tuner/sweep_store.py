@@ -151,7 +151,7 @@ class SweepStore:
                 raise SpecError("code", f"{code}: cannot be read by {actor.name} "
                                 f"({exc})") from None
             self._reserve_model_name(spec, actor, names.claim)  # every check passed
-            study_name = new_study_name(spec, actor.name)
+            study_name = new_study_name(spec, actor.name, request_key)
             create_study(spec, study_name, self.db.url, owner=actor.name)
             with self.db.session() as s:
                 sweep = SweepRow(
@@ -177,18 +177,20 @@ class SweepStore:
                 # whole and its code and study must stay (the request sent again finds it by
                 # its key; otherwise the next sweep given this id replaces the directory).
                 raise
+            earlier = None
+            if request_key is not None and isinstance(exc, IntegrityError):
+                earlier = self._submitted(actor, request_key)  # sent twice at once
             for path in (staging, target):
                 if path is not None:
                     shutil.rmtree(path, ignore_errors=True)
-            if study_name is not None:
+            # The study is the key's (new_study_name): the request that won holds it.
+            if study_name is not None and (earlier is None or earlier.study_name != study_name):
                 try:
                     optuna.delete_study(study_name=study_name, storage=storage_for(self.db.url))
                 except KeyError:  # the study was never created
                     pass
-            if request_key is not None and isinstance(exc, IntegrityError):
-                earlier = self._submitted(actor, request_key)  # sent twice at once
-                if earlier is not None:
-                    return earlier
+            if earlier is not None:
+                return earlier
             raise
         record_sweep_id(sweep.study_name, self.db.url, sweep.id)
         return sweep

@@ -6,6 +6,7 @@ and a resumed sweep finds every result it had.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import threading
@@ -167,16 +168,24 @@ OWNER_ATTR, SWEEP_ID_ATTR, SWEEP_NAME_ATTR = "owner", "sweep_id", "sweep_name"
 STUDY_NAME_LENGTH = 128
 
 
-def new_study_name(spec: SweepSpec, owner: str) -> str:
+def new_study_name(spec: SweepSpec, owner: str, request_key: str | None = None) -> str:
     """A unique study name a person can read in optuna-dashboard's list:
-    ``<owner>/<sweep name>/<random>``.
+    ``<owner>/<sweep name>/<suffix>``.
+
+    The suffix is random, or, for a submission named by an ``Idempotency-Key``, a digest of
+    the owner and the key: the same request sent again (its first try lost the database
+    between creating the study and committing the sweep) creates the study it created, which
+    ``create_study`` loads, instead of leaving the first one behind unused.
 
     The sweep's id cannot be in it: the study is created before the sweep's row (a controller
     may load the study as soon as the row exists), so the id becomes a user attribute later
     (:func:`record_sweep_id`). The name is never derived again: every lookup reads the sweep
     row's ``study_name`` column, so studies named ``tunehub-<hex>`` by earlier versions keep
     working as they are."""
-    suffix = uuid.uuid4().hex[:16]
+    if request_key is None:
+        suffix = uuid.uuid4().hex[:16]
+    else:
+        suffix = hashlib.sha256(f"{owner}\0{request_key}".encode()).hexdigest()[:16]
     room = STUDY_NAME_LENGTH - len(spec.name) - len(suffix) - 2
     return f"{owner[:room]}/{spec.name}/{suffix}"
 
