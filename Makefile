@@ -60,7 +60,8 @@ test: $(STAMP) browser image-tools acl nftables
 	# build, stay in one process); the suite keeps no state between files. Three on 2 cores:
 	# much of a test is waiting on processes it started (a hub, a trial), and with two the
 	# cores were busy 71% of the time (37:46, the image cache cold: 8 of one worker's minutes);
-	# with three 81% (27:41, the cache warm). Every test waits on conditions, never on time.
+	# with three 80% (27:41, the cache warm; 25:33 at the next commit). Every test waits on
+	# conditions, never on time.
 	$(BIN)/pytest -q -p no:cacheprovider -n 3 --dist loadfile --durations=25 tests kubesim/tests
 
 bench: $(STAMP)
