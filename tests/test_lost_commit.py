@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import optuna
@@ -30,6 +31,7 @@ from tests.fault_records import record as record_fault
 from tests.test_controller import ALICE, GUARD_SECONDS, Lab, assert_in_step_with_optuna
 from tunehub_base.ports import unclaimed_port
 from tuner.backends.instant import quadratic_script
+from tuner.db import SweepRow
 from tuner.db.outage import unreachable, waiting_out_outages
 from tuner.lifecycle.states import SweepState, TrialState
 from tuner.search.study import forget_storages, storage_for
@@ -255,23 +257,29 @@ def test_the_second_of_two_submissions_sent_at_once_keeps_the_first_ones_study(
         tmp_path: Path, cutter: tuple[AnswerCutter, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two tries of one request at once (a client that timed out and sent it again while the
-    first was being made): both load the key's study, the second's row loses to the first's
-    on the key, and it answers the first sweep without deleting the study that sweep runs on.
-    The race is made certain by letting the second try's first look for its key miss, as it
-    does when the first try has not committed yet."""
+    first was being made): both load the key's study, the later row loses to the earlier on
+    the key, and that try answers the earlier sweep without deleting the study it runs on.
+    The race is made certain: while one try copies its code snapshot (after it looked for
+    its key and found none), the other try is made whole."""
     _, url = cutter
     lab = Lab(tmp_path, url)
     spec = SweepSpec.from_dict({
         "name": "twice", "command": "python -c pass", "metric": "score", "trials": 2,
         "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}}, "code": str(tmp_path)})
+    copy = lab.backend.snapshot_code
+    made: list[SweepRow] = []
+    other_try = iter([True])  # the first copy is the later try's; it lets the other one in
+
+    def copy_while_the_other_try_commits(*args: Any) -> None:
+        if next(other_try, False):
+            made.append(lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1"))
+        copy(*args)
+
+    monkeypatch.setattr(lab.backend, "snapshot_code", copy_while_the_other_try_commits)
     try:
-        first = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1")
-        misses = iter([True])  # the first look misses; the later ones look
-        looked_up = lab.store._submitted
-        monkeypatch.setattr(lab.store, "_submitted", lambda actor, key: (
-            None if next(misses, False) else looked_up(actor, key)))
-        second = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1")
-        assert second.id == first.id and [s.id for s in lab.store.list(ALICE)] == [first.id]
+        later = lab.store.submit(spec, ALICE, lab.backend, request_key="submit-1")
+        (first,) = made
+        assert later.id == first.id and [s.id for s in lab.store.list(ALICE)] == [first.id]
         assert optuna.get_all_study_names(url) == [first.study_name]
         assert Path(first.code_dir or "").is_dir()
     finally:
