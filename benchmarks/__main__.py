@@ -72,7 +72,7 @@ SIZE_KEYS = {
     "tpe_view": "view_trials (2000), view_seeds (5)",
     "digits": "digits_trials (20 per sweep), digits_seeds (3), digits_epochs (12), "
               "digits_target_permille (970)",
-    "search": "search_seeds (5), search_trials (40 per sweep), search_jobs (1: (workload, "
+    "search": "search_seeds (20), search_trials (40 per sweep), search_jobs (1: (workload, "
               "seed) pairs at a time), search_ray (1: also Ray Tune, with "
               "TUNEHUB_BENCH_RAY_PYTHON set)",
     "start_latency": "latency_trials (20 per mode)",
