@@ -34,7 +34,7 @@ from tuner.backends.instant import quadratic_script
 from tuner.db import SweepRow
 from tuner.db.outage import unreachable, waiting_out_outages
 from tuner.lifecycle.states import SweepState, TrialState
-from tuner.search.study import forget_storages, storage_for
+from tuner.search.study import create_study, forget_storages, new_study_name, storage_for
 from tuner.spec import SweepSpec
 
 #: A simple-protocol ``COMMIT`` as psycopg sends it: 'Q', the length (4 + 7), the statement.
@@ -282,6 +282,27 @@ def test_the_second_of_two_submissions_sent_at_once_keeps_the_first_ones_study(
         assert later.id == first.id and [s.id for s in lab.store.list(ALICE)] == [first.id]
         assert optuna.get_all_study_names(url) == [first.study_name]
         assert Path(first.code_dir or "").is_dir()
+    finally:
+        lab.db.dispose()
+        storage_for(url).engine.dispose()
+        forget_storages()
+
+
+def test_a_request_changed_under_the_same_key_does_not_load_the_other_directions_study(
+        tmp_path: Path, cutter: tuple[AnswerCutter, str]) -> None:
+    """A first try that created its study (maximize) and lost the database, then the same key
+    with the direction changed: the sweep gets a study that minimizes, not the loaded one."""
+    _, url = cutter
+    lab = Lab(tmp_path, url)
+    base = {"name": "turned", "command": "python -c pass", "metric": "score", "trials": 2,
+            "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}}, "code": str(tmp_path)}
+    first = SweepSpec.from_dict({**base, "direction": "maximize"})
+    try:
+        create_study(first, new_study_name(first, ALICE.name, "submit-1"), url, owner=ALICE.name)
+        turned = lab.store.submit(SweepSpec.from_dict({**base, "direction": "minimize"}), ALICE,
+                                  lab.backend, request_key="submit-1")
+        study = optuna.load_study(study_name=turned.study_name, storage=url)
+        assert study.direction == optuna.study.StudyDirection.MINIMIZE
     finally:
         lab.db.dispose()
         storage_for(url).engine.dispose()

@@ -173,9 +173,12 @@ def new_study_name(spec: SweepSpec, owner: str, request_key: str | None = None) 
     ``<owner>/<sweep name>/<suffix>``.
 
     The suffix is random, or, for a submission named by an ``Idempotency-Key``, a digest of
-    the owner and the key: the same request sent again (its first try lost the database
-    between creating the study and committing the sweep) creates the study it created, which
-    ``create_study`` loads, instead of leaving the first one behind unused.
+    the owner, the key and the objectives' directions: the same request sent again (its first
+    try lost the database between creating the study and committing the sweep) creates the
+    study it created, which ``create_study`` loads, instead of leaving the first one behind
+    unused. The directions are what a study keeps from its creation (``create_study`` would
+    load a study of the other direction as it is), so a changed request under the same key
+    gets a study of its own.
 
     The sweep's id cannot be in it: the study is created before the sweep's row (a controller
     may load the study as soon as the row exists), so the id becomes a user attribute later
@@ -185,7 +188,8 @@ def new_study_name(spec: SweepSpec, owner: str, request_key: str | None = None) 
     if request_key is None:
         suffix = uuid.uuid4().hex[:16]
     else:
-        suffix = hashlib.sha256(f"{owner}\0{request_key}".encode()).hexdigest()[:16]
+        made = "\0".join([owner, request_key, *(o.direction for o in spec.objectives)])
+        suffix = hashlib.sha256(made.encode()).hexdigest()[:16]
     room = STUDY_NAME_LENGTH - len(spec.name) - len(suffix) - 2
     return f"{owner[:room]}/{spec.name}/{suffix}"
 
